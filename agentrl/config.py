@@ -1,0 +1,221 @@
+"""One validated config tree, loaded from YAML and overridable with `dotted.key=value` arguments.
+
+Every field is documented and bounded. Unknown keys are an error that names the key and the
+nearest valid one (`rollout.n_sampels` -> did you mean `rollout.n_samples`?).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message says which key and why."""
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DefaultModelConfig(_Base):
+    """The embedded default model, built and warm-started locally when `model.path` is unset."""
+
+    vocab_size: int = Field(384, ge=300, le=65536, description="BPE vocabulary size of the local tokenizer")
+    hidden_size: int = Field(128, ge=64, le=4096, multiple_of=64, description="width; head_dim is fixed at 64")
+    intermediate_size: int = Field(384, ge=64, le=16384, description="MLP width")
+    num_layers: int = Field(4, ge=1, le=48, description="transformer layers")
+    max_position_embeddings: int = Field(512, ge=64, le=32768, description="context length")
+    sft_demos: int = Field(4000, ge=16, le=1_000_000, description="demonstration episodes for the warm start")
+    sft_steps: int = Field(300, ge=0, le=100_000, description="supervised optimizer steps")
+    sft_batch_size: int = Field(64, ge=1, le=4096, description="demonstrations per SFT step")
+    sft_lr: float = Field(2e-3, gt=0, le=1.0, description="peak SFT learning rate (one-cycle schedule)")
+    demo_optimal_prob: float = Field(0.3, ge=0.0, le=1.0,
+                                     description="chance a demonstration guess is the bisection midpoint")
+    seed: int = Field(0, ge=0, description="seed for weights, tokenizer corpus and demonstrations")
+    cache_dir: str | None = Field(None, description="where built models are cached (default $AGENTRL_CACHE "
+                                                    "or ~/.cache/agentrl)")
+
+
+class ModelConfig(_Base):
+    path: str | None = Field(None, description="Hugging Face model folder; unset = the embedded default")
+    default: DefaultModelConfig = Field(default_factory=DefaultModelConfig)
+
+
+class EnvConfig(_Base):
+    import_path: str = Field("envs.guess_number:GuessNumberEnv", description="'package.module:Class' of the Env")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the Env constructor")
+
+
+class DataConfig(_Base):
+    train_path: str | None = Field(None, description="jsonl of training tasks; unset = Env.make_tasks")
+    eval_path: str | None = Field(None, description="jsonl of held-out tasks; unset = Env.make_tasks")
+    train_tasks: int = Field(100_000, ge=1, description="tasks to generate when train_path is unset")
+    eval_tasks: int = Field(128, ge=1, description="held-out tasks to generate when eval_path is unset")
+    task_kwargs: dict[str, Any] = Field(default_factory=dict, description="extra arguments for Env.make_tasks")
+    seed: int = Field(0, ge=0, description="seed for task generation and shuffling")
+
+
+class EngineConfig(_Base):
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="vLLM weights dtype; float32 keeps vLLM and learner logprobs within 1e-4")
+    max_model_len: int = Field(512, ge=32, le=131072, description="longest episode in tokens")
+    kv_cache_memory_bytes: int = Field(256 * 2**20, ge=2**20, description="KV cache size in bytes")
+    max_num_seqs: int = Field(128, ge=1, le=4096, description="sequences vLLM batches at once")
+    max_num_batched_tokens: int = Field(8192, ge=32, description="tokens per engine step (>= max_model_len)")
+    seed: int = Field(0, ge=0, description="engine sampling seed")
+    enforce_eager: bool = Field(True, description="skip graph capture/compilation (faster start on CPU)")
+
+
+class RolloutConfig(_Base):
+    n_samples: int = Field(8, ge=1, le=1024, description="episodes per task (group size for group baselines)")
+    temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    max_tokens_per_turn: int = Field(16, ge=1, le=32768, description="generation cap per model turn")
+    max_turns: int = Field(16, ge=1, le=1000, description="hard cap on model turns per episode")
+    max_concurrency: int = Field(64, ge=1, le=100_000, description="episodes in flight at once")
+    episode_timeout_s: float = Field(120.0, gt=0, description="deadline for a whole episode")
+    turn_timeout_s: float = Field(30.0, gt=0, description="deadline for one generate call or one env step")
+
+
+class BufferConfig(_Base):
+    batch_size: int = Field(64, ge=1, le=1_000_000, description="episodes per learner batch (multiple of n_samples)")
+    max_staleness: int = Field(1, ge=0, le=1000,
+                               description="max learner version minus oldest token version; 0 = on-policy")
+
+
+class AlgoConfig(_Base):
+    advantage: str = Field("grpo", description="name in agentrl.algo.ADVANTAGES")
+    policy_loss: str = Field("ppo_clip", description="name in agentrl.algo.POLICY_LOSSES")
+    mode: Literal["decoupled", "bypass"] = Field(
+        "decoupled", description="decoupled: learner recomputes pi_prox; bypass: vLLM's mu is the old policy")
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio lower clip epsilon")
+    clip_high: float = Field(0.2, ge=0.0, le=10.0, description="PPO ratio upper clip epsilon")
+    correction: Literal["none", "tis", "mask"] = Field("tis", description="importance weight pi_prox/mu handling")
+    correction_level: Literal["token", "sequence"] = Field("token", description="per token or per sequence weight")
+    is_low: float = Field(0.5, ge=0.0, le=1.0, description="lower bound of the weight for 'mask'")
+    is_high: float = Field(2.0, ge=1.0, description="truncation cap ('tis') or upper bound ('mask')")
+    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
+        "token_mean", description="loss aggregation")
+    entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="entropy bonus coefficient")
+
+    @model_validator(mode="after")
+    def _known_names(self) -> "AlgoConfig":
+        from agentrl.algo import ADVANTAGES, POLICY_LOSSES
+
+        for key, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES)):
+            name = getattr(self, key)
+            if name not in registry:
+                raise ValueError(f"algo.{key}={name!r} is not one of {sorted(registry)}")
+        return self
+
+
+class LearnerConfig(_Base):
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision")
+    lr: float = Field(5e-4, gt=0, le=1.0, description="actor learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
+    micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per batch (each bumps the version)")
+    num_threads: int = Field(1, ge=1, le=256, description="torch threads for the learner")
+
+
+class WeightSyncConfig(_Base):
+    every_steps: int = Field(1, ge=1, description="push weights to the engine every k optimizer steps")
+    deadline_s: float = Field(60.0, gt=0, description="a push that takes longer is reported as failed")
+
+
+class TrainConfig(_Base):
+    steps: int = Field(60, ge=0, le=10_000_000, description="learner batches to train on")
+    eval_before: bool = Field(True, description="evaluate the starting model on the held-out tasks")
+    eval_after: bool = Field(True, description="evaluate the trained model on the held-out tasks")
+    out_dir: str = Field("runs/default", description="metrics.jsonl, summary.json and the saved model go here")
+    save_model: bool = Field(True, description="save the trained model as a Hugging Face folder")
+    seed: int = Field(0, ge=0, description="learner seed")
+
+
+class Config(_Base):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Config":
+        if self.buffer.batch_size % self.rollout.n_samples:
+            raise ValueError(f"buffer.batch_size={self.buffer.batch_size} must be a multiple of "
+                             f"rollout.n_samples={self.rollout.n_samples} (whole groups per batch)")
+        return self
+
+
+def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            keys += _all_keys(ann, prefix + name + ".")
+    return keys
+
+
+def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
+    """Reject unknown keys with the nearest valid one, before pydantic sees them."""
+    if not isinstance(data, dict):
+        return
+    for key, value in data.items():
+        dotted = prefix + str(key)
+        field = model.model_fields.get(str(key))
+        if field is None:
+            valid = _all_keys(model, prefix)
+            guess = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{guess[0]}'?" if guess else f"; valid keys here: {sorted(model.model_fields)}"
+            raise ConfigError(f"unknown config key '{dotted}'{hint}")
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            _check_keys(value, ann, dotted + ".")
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply `a.b.c=value`; the value is parsed as YAML (so 3, 0.5, true, null, [1,2] work)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like dotted.key=value")
+    key, _, raw = override.partition("=")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key!r}: '{part}' is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    _check_keys(data, Config)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    for override in overrides:
+        apply_override(data, override)
+    return build_config(data)

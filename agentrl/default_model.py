@@ -1,0 +1,108 @@
+"""The embedded default model: built here, because nothing can be downloaded at run time.
+
+Steps (each cached in a folder keyed by a hash of its settings):
+1. train a byte-level BPE tokenizer with a Qwen-style chat template on the default task's text;
+2. build a tiny Qwen2-architecture causal LM (head_dim 64, which vLLM's CPU attention supports);
+3. warm-start it with a short supervised step on imperfect demonstrations (`agentrl.sft`).
+The result is a normal Hugging Face folder that vLLM, DeepSpeed and `from_pretrained` all load.
+A user's own model path replaces all of this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from pathlib import Path
+
+from agentrl.config import DefaultModelConfig
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+
+
+def _key(cfg: DefaultModelConfig) -> str:
+    blob = json.dumps(cfg.model_dump(exclude={"cache_dir"}), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _corpus(cfg: DefaultModelConfig) -> list[str]:
+    """Text the tokenizer is trained on: rendered demonstrations plus digits and common words."""
+    from envs.guess_number import GuessNumberEnv, demonstration
+
+    rng = random.Random(cfg.seed)
+    tasks = GuessNumberEnv.make_tasks(2000, cfg.seed, "tokenizer")
+    texts = []
+    for task in tasks:
+        msgs = demonstration(task, rng, 0.5)
+        texts.append("".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs))
+    texts += [f"What is {a} + {b}? {a + b}" for a in range(30) for b in range(30)]
+    texts += ["Reply with one number. Higher. Lower. Correct. The answer is"] * 50
+    return texts
+
+
+def build_tokenizer(cfg: DefaultModelConfig, out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(cfg), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None, additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = cfg.max_position_embeddings
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_model(cfg: DefaultModelConfig, tokenizer, out: Path):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    mcfg = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.hidden_size // 64,
+        num_key_value_heads=cfg.hidden_size // 64, head_dim=64,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(mcfg)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def ensure_default_model(cfg: DefaultModelConfig) -> Path:
+    """Return the folder of the warm-started default model, building it on first use."""
+    from agentrl.sft import warm_start
+
+    root = Path(cfg.cache_dir) if cfg.cache_dir else cache_root()
+    out = root / f"default-model-{_key(cfg)}"
+    if (out / "config.json").exists() and (out / "DONE").exists():
+        log.info("using cached default model %s", out)
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("building the embedded default model in %s", out)
+    tokenizer = build_tokenizer(cfg, out)
+    model = build_model(cfg, tokenizer, out)
+    warm_start(model, tokenizer, cfg)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "DONE").write_text("ok\n")
+    return out

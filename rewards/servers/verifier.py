@@ -1,0 +1,155 @@
+"""Reference HTTP verifier: scores the completion's last number against task["answer"].
+
+Run it with `python -m rewards.servers.verifier --port 8000` and point the client at
+`http://127.0.0.1:8000/verify` (see rewards.http_verifier for the wire protocol).
+
+    POST /verify        {"episode_id", "task": {"answer": ...}, "messages", "completion"}
+                        -> 200 {"reward": 0.0 | 1.0, "info": {"episode_id", "predicted", "replayed"}}
+                        -> 400 {"error": ...} when the request cannot be scored (clients must not retry)
+    GET  /health        -> 200 {"status": "ok"}
+    GET  /stats         -> 200 {"requests", "in_flight", "max_in_flight"}; POST /stats/reset zeroes them
+
+A repeated Idempotency-Key (a client retry) is answered from a bounded cache of recent results, so
+a verifier with side effects or randomness gives every retry the answer of the first attempt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from rewards.rules import last_assistant_text, last_number, numeric_match
+from rewards.servers import serve
+
+
+@dataclass
+class ServerStats:
+    requests: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+
+STATS = web.AppKey("stats", ServerStats)
+CACHE = web.AppKey("cache", OrderedDict)
+DELAY_S = web.AppKey("delay_s", float)
+CACHE_SIZE = web.AppKey("cache_size", int)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _track(request: web.Request, handler: Handler) -> web.StreamResponse:
+    stats = request.app[STATS]
+    stats.requests += 1
+    stats.in_flight += 1
+    stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+    try:
+        return await handler(request)
+    finally:
+        stats.in_flight -= 1
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=400)
+
+
+def score(request_body: Any) -> dict[str, Any]:
+    """The verifier's pure scoring function; raises ValueError for a request it cannot score."""
+    if not isinstance(request_body, dict):
+        raise ValueError("request body must be a JSON object")
+    task = request_body.get("task")
+    if not isinstance(task, dict) or "answer" not in task:
+        raise ValueError("request needs task.answer")
+    completion = request_body.get("completion")
+    if not isinstance(completion, str):
+        completion = last_assistant_text(request_body.get("messages") or [])
+    reward = numeric_match(completion, task["answer"])
+    return {"reward": reward, "info": {"episode_id": request_body.get("episode_id"),
+                                       "predicted": last_number(completion)}}
+
+
+async def verify(request: web.Request) -> web.Response:
+    app = request.app
+    if app[DELAY_S] > 0:
+        await asyncio.sleep(app[DELAY_S])  # simulated scoring cost, for load tests
+    key = request.headers.get("Idempotency-Key")
+    cache = app[CACHE]
+    if key and key in cache:
+        cache.move_to_end(key)
+        return web.json_response({**cache[key], "info": {**cache[key]["info"], "replayed": True}})
+    try:
+        result = score(json.loads(await request.read()))
+    except json.JSONDecodeError as exc:
+        return _bad_request(f"body is not JSON: {exc}")
+    except ValueError as exc:
+        return _bad_request(str(exc))
+    result["info"]["replayed"] = False
+    if key:
+        cache[key] = result
+        if len(cache) > app[CACHE_SIZE]:
+            cache.popitem(last=False)
+    return web.json_response(result)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response(asdict(request.app[STATS]))
+
+
+async def reset_stats(request: web.Request) -> web.Response:
+    current = request.app[STATS]
+    current.requests, current.max_in_flight = 0, current.in_flight
+    return web.json_response(asdict(current))
+
+
+def make_app(*, delay_s: float = 0.0, cache_size: int = 10_000) -> web.Application:
+    """The verifier as an aiohttp app; `delay_s` adds a per-request sleep to simulate scoring cost."""
+    app = web.Application(middlewares=[_track])
+    app[STATS] = ServerStats()
+    app[CACHE] = OrderedDict()
+    app[DELAY_S] = float(delay_s)
+    app[CACHE_SIZE] = int(cache_size)
+    app.router.add_post("/verify", verify)
+    app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/stats/reset", reset_stats)
+    return app
+
+
+async def _run(host: str, port: int, delay_s: float) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with serve(make_app(delay_s=delay_s), host, port) as url:
+        print(f"verifier listening on {url}", flush=True)  # the bound port, also when --port 0
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="simulated scoring time per request")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    run(_run(args.host, args.port, args.delay_ms / 1000))
+
+
+if __name__ == "__main__":
+    main()

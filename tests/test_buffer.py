@@ -1,0 +1,345 @@
+"""StalenessBuffer: admission, refunds, stale drops, cancellation, close, and a randomized simulation.
+
+Every test drives its own event loop with asyncio.run. The simulation delays only with
+asyncio.sleep(0), so a seed fixes the whole interleaving and the runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+
+from agentrl.buffer import NO_TOKENS, BatchAssembly, BufferClosed, StalenessBuffer
+from agentrl.types import Episode, Group
+
+FAIL_STATUSES = ("env_error", "timeout", "engine_error")
+
+
+def make_episode(group_id: int, versions: list[int], status: str = "ok") -> Episode:
+    """A prompt of 3 tokens, then one generated token per entry of `versions`, then an env reply."""
+    ep = Episode(task_id=f"task{group_id}", group_id=group_id)
+    ep.append([1, 2, 3], generated=False)
+    if versions:
+        ep.append([7] * len(versions), generated=True, logprobs=[-0.5] * len(versions), versions=versions)
+    ep.append([4], generated=False)
+    ep.status = status
+    return ep
+
+
+def make_group(group_id: int, *version_lists: list[int], statuses: list[str] | None = None) -> Group:
+    statuses = statuses or ["ok"] * len(version_lists)
+    eps = [make_episode(group_id, v, s) for v, s in zip(version_lists, statuses)]
+    return Group(group_id=group_id, task={"id": group_id}, episodes=eps)
+
+
+def run(coro) -> None:
+    """asyncio.run with a generous deadline, so a regression fails instead of hanging."""
+    asyncio.run(asyncio.wait_for(coro, timeout=5))
+
+
+async def settle(n: int = 20) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_batch_size_must_be_a_multiple_of_group_size():
+    with pytest.raises(ValueError, match="multiple of group_size"):
+        StalenessBuffer(batch_size=6, group_size=4, max_staleness=0)
+    with pytest.raises(ValueError):
+        StalenessBuffer(batch_size=4, group_size=2, max_staleness=-1)
+    assert StalenessBuffer(batch_size=8, group_size=4, max_staleness=0).groups_per_batch == 2
+
+
+def test_admission_blocks_at_capacity_and_opens_after_engine_update():
+    async def main():
+        buf = StalenessBuffer(batch_size=4, group_size=2, max_staleness=1)  # G = 2, capacity 4 at E=0
+        assert buf.capacity_groups == 4
+        assert [await buf.admit() for _ in range(4)] == [0, 0, 0, 0]
+        waiter = asyncio.create_task(buf.admit())
+        await settle()
+        assert not waiter.done() and buf.issued_groups == 4
+
+        # Returning a batch does not free slots: returned groups stay issued until the engine moves.
+        buf.put(make_group(0, [0, 0], [0]))
+        buf.put(make_group(1, [0], [0]))
+        batch = await buf.get_batch(0)
+        assert [g.group_id for g in batch.groups] == [0, 1]
+        await settle()
+        assert not waiter.done()
+
+        buf.set_engine_version(1)  # capacity (1 + 1 + 1) * 2 = 6
+        assert await waiter == 1
+        assert await buf.admit() == 1
+        extra = asyncio.create_task(buf.admit())
+        await settle()
+        assert not extra.done() and buf.issued_groups == 6
+        extra.cancel()
+        st = buf.stats()
+        assert st["groups_admitted"] == 6 and st["groups_returned"] == 2 and st["groups_in_flight"] == 4
+        with pytest.raises(ValueError):
+            buf.set_engine_version(0)
+
+    run(main())
+
+
+def test_max_staleness_zero_blocks_new_groups_while_push_in_flight():
+    async def main():
+        buf = StalenessBuffer(batch_size=2, group_size=2, max_staleness=0)  # G = 1
+        assert await buf.admit() == 0
+        buf.put(make_group(0, [0, 0], [0]))
+        batch = await buf.get_batch(0)
+        assert batch.staleness_hist == {0: 2}
+        # Learner is now at V=1, the engine still serves 0: nothing may start on the old weights.
+        waiter = asyncio.create_task(buf.admit())
+        await settle()
+        assert not waiter.done()
+        buf.set_engine_version(1)
+        assert await waiter == 1
+
+    run(main())
+
+
+def test_failed_episodes_are_removed_and_counted_by_status():
+    async def main():
+        buf = StalenessBuffer(batch_size=6, group_size=6, max_staleness=0)
+        await buf.admit()
+        group = make_group(0, [0], [0, 0], [0], [0], [0], [],
+                           statuses=["ok", "truncated", "env_error", "timeout", "engine_error", "ok"])
+        buf.put(group)
+        assert [e.status for e in group.episodes] == ["ok", "truncated"]
+        batch = await buf.get_batch(0)
+        assert len(batch.episodes) == 2 and batch.staleness_hist == {0: 2}
+        st = buf.stats()
+        assert st["episodes_failed/env_error"] == 1
+        assert st["episodes_failed/timeout"] == 1
+        assert st["episodes_failed/engine_error"] == 1
+        assert st[f"episodes_failed/{NO_TOKENS}"] == 1
+        assert st["groups_failed"] == 0 and st["episodes_returned"] == 2
+
+    run(main())
+
+
+def test_all_failed_group_is_refunded():
+    async def main():
+        buf = StalenessBuffer(batch_size=2, group_size=2, max_staleness=0)  # capacity 1
+        await buf.admit()
+        waiter = asyncio.create_task(buf.admit())
+        await settle()
+        assert not waiter.done()
+        buf.put(make_group(0, [0], [], statuses=["timeout", "ok"]))
+        assert await waiter == 0  # the refund freed the slot
+        st = buf.stats()
+        assert st["groups_failed"] == 1 and st["groups_refunded"] == 1 and st["groups_issued"] == 1
+        assert st["groups_in_buffer"] == 0
+        assert st["episodes_failed/timeout"] == 1 and st[f"episodes_failed/{NO_TOKENS}"] == 1
+
+    run(main())
+
+
+def test_stale_group_is_dropped_refunded_and_never_returned():
+    async def main():
+        buf = StalenessBuffer(batch_size=2, group_size=2, max_staleness=1)  # G = 1, capacity 2 at E=0
+        await buf.admit()
+        await buf.admit()
+        buf.put(make_group(10, [0, 2], [2]))  # min_version 0: stale at V=2
+        buf.put(make_group(11, [1, 2], [2]))  # min_version 1: staleness 1 at V=2
+        waiter = asyncio.create_task(buf.admit())
+        await settle()
+        assert not waiter.done()
+        batch = await buf.get_batch(2)
+        assert [g.group_id for g in batch.groups] == [11]
+        assert batch.dropped_stale == 1
+        assert batch.staleness_hist == {1: 1, 0: 1}
+        assert await waiter == 0  # the drop refunded its slot
+        st = buf.stats()
+        assert st["groups_dropped_stale"] == 1 and st["groups_refunded"] == 1 and st["groups_returned"] == 1
+
+    run(main())
+
+
+def test_cancelled_waiters_leak_nothing():
+    async def main():
+        buf = StalenessBuffer(batch_size=2, group_size=1, max_staleness=0)  # capacity 2
+        await buf.admit()
+        await buf.admit()
+        waiters = [asyncio.create_task(buf.admit()) for _ in range(3)]
+        getter = asyncio.create_task(buf.get_batch(0))
+        await settle()
+        waiters[0].cancel()
+        waiters[2].cancel()
+        getter.cancel()
+        await asyncio.gather(*waiters[::2], getter, return_exceptions=True)
+        assert buf.issued_groups == 2 and buf.stats()["groups_admitted"] == 2
+
+        buf.set_engine_version(1)  # capacity 4: the one live waiter gets in, one slot stays free
+        assert await waiters[1] == 1
+        assert buf.issued_groups == 3
+        assert await buf.admit() == 1
+        assert buf.issued_groups == 4 and buf.stats()["groups_in_flight"] == 4
+
+        buf.put(make_group(0, [0]))
+        buf.put(make_group(1, [0]))
+        assert len(buf) == 2  # the cancelled getter took nothing
+        buf.release()
+        assert buf.issued_groups == 3 and buf.stats()["groups_released"] == 1
+
+    run(main())
+
+
+def test_close_unblocks_waiters():
+    async def main():
+        buf = StalenessBuffer(batch_size=1, group_size=1, max_staleness=0)
+        await buf.admit()
+        admits = [asyncio.create_task(buf.admit()) for _ in range(2)]
+        getter = asyncio.create_task(buf.get_batch(0))
+        await settle()
+        buf.close()
+        for t in [*admits, getter]:
+            with pytest.raises(BufferClosed):
+                await t
+        with pytest.raises(BufferClosed):
+            await buf.admit()
+        with pytest.raises(BufferClosed):
+            await buf.get_batch(0)
+        assert buf.closed and buf.issued_groups == 1
+
+    run(main())
+
+
+def test_put_or_release_without_admit_is_an_error():
+    buf = StalenessBuffer(batch_size=1, group_size=1, max_staleness=0)
+    with pytest.raises(RuntimeError):
+        buf.put(make_group(0, [0]))
+    with pytest.raises(RuntimeError):
+        buf.release()
+
+
+# -- randomized simulation --------------------------------------------------------------------------
+
+
+async def simulate(seed: int, max_staleness: int) -> dict[str, int]:
+    """Producers admit and generate groups whose tokens are stamped with the engine version at several
+    points in time; a learner consumes batches; a pusher updates the engine version after a lag."""
+    rng = random.Random(seed)
+    group_size = rng.choice([1, 2, 4])
+    gpb = rng.choice([1, 2, 3])
+    n_producers = rng.randint(1, 3 * gpb + 2)
+    n_steps = rng.randint(6, 14)
+    buf = StalenessBuffer(batch_size=gpb * group_size, group_size=group_size, max_staleness=max_staleness)
+
+    V = 0  # learner version
+    admitted = holding = failed_groups = 0
+    failed_eps: Counter[str] = Counter()
+    returned_ids: list[int] = []
+    dropped_in_batches = 0
+    next_gid = iter(range(10**9))
+    push_wanted = asyncio.Event()
+
+    async def pause(max_yields: int) -> None:
+        for _ in range(rng.randint(0, max_yields)):
+            await asyncio.sleep(0)
+
+    async def episode(gid: int, slow: bool, v0: int, doomed: bool) -> Episode:
+        ep = Episode(task_id=f"t{gid}", group_id=gid)
+        ep.append([1] * rng.randint(1, 4), generated=False)
+        no_tokens = rng.random() < 0.04
+        for _ in range(rng.randint(1, 3)):  # turns
+            for _ in range(rng.randint(1, 3)):  # chunks within a turn; the engine may move in between
+                await pause(60 if slow else 6)
+                v = buf.engine_version
+                assert v0 <= v <= V
+                n = rng.randint(1, 3)
+                if not no_tokens:
+                    ep.append([5] * n, generated=True, logprobs=[-1.0] * n, versions=[v] * n)
+            ep.append([2] * rng.randint(1, 3), generated=False)
+        if doomed or rng.random() < 0.08:
+            ep.status = rng.choice(FAIL_STATUSES)
+        elif rng.random() < 0.2:
+            ep.status = "truncated"
+        return ep
+
+    async def producer() -> None:
+        nonlocal admitted, holding, failed_groups
+        while True:
+            v0 = await buf.admit()
+            admitted += 1
+            holding += 1
+            assert buf.issued_groups <= buf.capacity_groups
+            assert v0 <= V
+            try:
+                gid = next(next_gid)
+                slow, doomed = rng.random() < 0.15, rng.random() < 0.05
+                eps = await asyncio.gather(*(episode(gid, slow, v0, doomed) for _ in range(group_size)))
+                group = Group(group_id=gid, task={"id": gid}, episodes=list(eps), issued_version=v0)
+                failed_groups += not any(e.trainable for e in eps)
+                failed_eps.update(e.status if e.status in FAIL_STATUSES else NO_TOKENS
+                                  for e in eps if not e.trainable)
+                buf.put(group)
+            except asyncio.CancelledError:
+                buf.release()
+                raise
+            finally:
+                holding -= 1
+
+    async def pusher() -> None:
+        while True:
+            await push_wanted.wait()
+            push_wanted.clear()
+            await pause(30)  # weight push latency
+            buf.set_engine_version(V)
+
+    async def learner() -> None:
+        nonlocal V, dropped_in_batches
+        for _ in range(n_steps):
+            batch: BatchAssembly = await buf.get_batch(V)
+            assert len(batch.groups) == gpb
+            for ep in batch.episodes:
+                assert ep.trainable
+                assert V - ep.min_version <= max_staleness, (seed, V, ep.versions)
+                if max_staleness == 0:
+                    assert ep.min_version == V
+            assert batch.staleness_hist == dict(Counter(V - e.min_version for e in batch.episodes))
+            returned_ids.extend(g.group_id for g in batch.groups)
+            dropped_in_batches += batch.dropped_stale
+            await pause(10)  # the optimizer step
+            V += 1
+            push_wanted.set()
+
+    tasks = [asyncio.create_task(producer()) for _ in range(n_producers)] + [asyncio.create_task(pusher())]
+    try:
+        await asyncio.wait_for(learner(), timeout=5)
+        st = buf.stats()
+        # Every admitted group is returned, dropped, failed, still being generated, or in the buffer.
+        assert admitted == st["groups_admitted"]
+        assert admitted == (len(returned_ids) + st["groups_dropped_stale"] + st["groups_failed"]
+                            + holding + st["groups_in_buffer"])
+        assert st["groups_in_flight"] == holding and st["groups_released"] == 0
+        assert st["groups_failed"] == failed_groups
+        assert st["groups_dropped_stale"] == dropped_in_batches
+        assert st["groups_returned"] == len(returned_ids) == len(set(returned_ids)) == n_steps * gpb
+        assert all(st[f"episodes_failed/{k}"] == failed_eps[k] for k in (*FAIL_STATUSES, NO_TOKENS))
+        assert st["groups_issued"] <= st["capacity_groups"]
+        if max_staleness == 0:
+            assert st["groups_dropped_stale"] == 0
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    st = buf.stats()
+    assert st["groups_in_flight"] == 0  # every cancelled producer gave its slot back
+    assert st["groups_admitted"] == st["groups_returned"] + st["groups_in_buffer"] + st["groups_refunded"]
+    return st
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
+def test_randomized_simulation_respects_staleness_bound(max_staleness):
+    totals: Counter[str] = Counter()
+    for seed in range(25):
+        totals.update(asyncio.run(simulate(seed * 7919 + max_staleness, max_staleness)))
+    # The runs must exercise the refund paths, not just the happy one.
+    assert totals["groups_failed"] > 0 and totals["groups_released"] > 0
+    if max_staleness > 0:
+        assert totals["groups_dropped_stale"] > 0
