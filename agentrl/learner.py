@@ -144,7 +144,8 @@ class Learner:
             by_tokens = self.algo.agg == "token_mean"
             total = float(batch.loss_mask[start:rows.stop].sum()) if by_tokens else float(len(rows))
             loss_sum, metric_rows = 0.0, []
-            for sl in slices:
+            grad_norm = float("nan")
+            for k, sl in enumerate(slices):
                 n = float(batch.loss_mask[sl].sum()) if by_tokens else float(sl.stop - sl.start)
                 if sl.stop <= sl.start or n == 0:
                     self.engine.backward(self._zero_loss(), scale_wrt_gas=False)
@@ -152,13 +153,21 @@ class Learner:
                     loss_val, metrics = self._micro_step(batch, sl, old_logp, n / max(total, 1.0))
                     loss_sum += loss_val
                     metric_rows.append((n, metrics))
+                if k == len(slices) - 1 and self.cfg.zero_stage == 0:
+                    grad_norm = self._local_grad_norm()  # DeepSpeed records it only for ZeRO >= 1
                 self.engine.step()
+            if self.cfg.zero_stage > 0:
+                grad_norm = float(self.engine.get_global_grad_norm() or float("nan"))
             self.version += 1
             results.append(StepMetrics(
-                loss=loss_sum, grad_norm=float(self.engine.get_global_grad_norm() or 0.0),
+                loss=loss_sum, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()), policy=_weighted(metric_rows)))
         return results
+
+    def _local_grad_norm(self) -> float:
+        grads = [p.grad.detach().float() for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
 
     def _zero_loss(self) -> torch.Tensor:
         """A loss of exactly 0 that still touches every parameter, for an empty micro-step."""

@@ -122,13 +122,18 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
         for step in range(cfg.train.steps):
             assembly = await buffer.get_batch(learner.version)
             batch = make_train_batch(assembly, cfg.algo.advantage, pad_id)
+            # Checked again on the tensors the learner actually trains on, independently of the buffer.
+            trained_staleness = learner.version - int(batch.versions[batch.loss_mask > 0].min())
+            if trained_staleness > cfg.buffer.max_staleness:
+                raise RuntimeError(f"staleness invariant violated: {trained_staleness} > {cfg.buffer.max_staleness}")
             tokens_before = pool.generated_tokens
             metrics = await asyncio.to_thread(learner.step, batch)
             overlap = pool.generated_tokens - tokens_before
             if learner.version % cfg.weight_sync.every_steps == 0 or step == cfg.train.steps - 1:
                 await sync.push(learner.version)
             rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
-            max_stale_seen = max(max_stale_seen, rec["staleness_max"])
+            rec["trained_staleness_max"] = trained_staleness
+            max_stale_seen = max(max_stale_seen, trained_staleness)
             sink.log(rec)
     finally:
         await producer.stop()

@@ -1,0 +1,34 @@
+"""Single-turn verifiable task: answer "What is a + b?" with the number; scored by a rule reward.
+
+The reward is `rewards.rules.numeric_match` on the model's reply, so the same rule can be reused
+as a standalone reward source; a task whose answer cannot be scored raises and ends the episode
+with status "env_error" rather than a silent 0.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from agentrl.env import Action, Env, Message, StepResult
+from rewards.rules import numeric_match
+
+
+class ArithmeticEnv(Env):
+    async def reset(self, task: dict[str, Any]) -> list[Message]:
+        self.task = task
+        return [{"role": "user", "content": f"What is {task['a']} {task['op']} {task['b']}?"}]
+
+    async def step(self, action: Action) -> StepResult:
+        reward = numeric_match(action.text, self.task["answer"])
+        return StepResult(None, reward, True, {"success": reward == 1.0})
+
+    @classmethod
+    def make_tasks(cls, n: int, seed: int, split: str, max_operand: int = 20) -> list[dict[str, Any]]:
+        rng = random.Random(f"{split}:{seed}")
+        tasks = []
+        for i in range(n):
+            a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+            op = rng.choice("+-")
+            tasks.append({"id": f"{split}-{i}", "a": a, "b": b, "op": op, "answer": a + b if op == "+" else a - b})
+        return tasks
