@@ -26,6 +26,7 @@ class ChatFormat:
         self._base = base
         # What the template writes between the assistant's EOS and the next message (ChatML: "\n").
         self._after_eos = base[base.rindex(self.eos_text) + len(self.eos_text):]
+        self.continuation([{"role": "user", "content": "u"}])  # fail at start-up, not in every episode
 
     def render(self, messages: list[Message], generation_prompt: bool, tools: list | None = None) -> str:
         kwargs = {"tools": tools} if tools else {}

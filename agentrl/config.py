@@ -42,16 +42,23 @@ class DefaultModelConfig(_Base):
 
 
 class ModelConfig(_Base):
+    """The policy: a Hugging Face folder, or the embedded default built locally."""
+
     path: str | None = Field(None, description="Hugging Face model folder; unset = the embedded default")
-    default: DefaultModelConfig = Field(default_factory=DefaultModelConfig)
+    default: DefaultModelConfig = Field(default_factory=DefaultModelConfig,
+                                        description="settings of the embedded default (used when path is unset)")
 
 
 class EnvConfig(_Base):
+    """The environment: an Env subclass loaded by import path."""
+
     import_path: str = Field("envs.guess_number:GuessNumberEnv", description="'package.module:Class' of the Env")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the Env constructor")
 
 
 class DataConfig(_Base):
+    """Where tasks come from."""
+
     train_path: str | None = Field(None, description="jsonl of training tasks; unset = Env.make_tasks")
     eval_path: str | None = Field(None, description="jsonl of held-out tasks; unset = Env.make_tasks")
     train_tasks: int = Field(100_000, ge=1, description="tasks to generate when train_path is unset")
@@ -61,6 +68,8 @@ class DataConfig(_Base):
 
 
 class EngineConfig(_Base):
+    """The vLLM AsyncLLM engine."""
+
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "float32", description="vLLM weights dtype; float32 keeps vLLM and learner logprobs within 1e-4")
     max_model_len: int = Field(512, ge=32, le=131072, description="longest episode in tokens")
@@ -72,6 +81,8 @@ class EngineConfig(_Base):
 
 
 class RolloutConfig(_Base):
+    """How episodes are sampled."""
+
     n_samples: int = Field(8, ge=1, le=1024, description="episodes per task (group size for group baselines)")
     temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
@@ -83,12 +94,16 @@ class RolloutConfig(_Base):
 
 
 class BufferConfig(_Base):
+    """Batch assembly and the staleness bound."""
+
     batch_size: int = Field(64, ge=1, le=1_000_000, description="episodes per learner batch (multiple of n_samples)")
     max_staleness: int = Field(1, ge=0, le=1000,
                                description="max learner version minus oldest token version; 0 = on-policy")
 
 
 class AlgoConfig(_Base):
+    """RL math: registry names and their settings (agentrl.algo)."""
+
     advantage: str = Field("grpo", description="name in agentrl.algo.ADVANTAGES")
     policy_loss: str = Field("ppo_clip", description="name in agentrl.algo.POLICY_LOSSES")
     mode: Literal["decoupled", "bypass"] = Field(
@@ -115,9 +130,11 @@ class AlgoConfig(_Base):
 
 
 class LearnerConfig(_Base):
+    """The DeepSpeed actor engine."""
+
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision")
-    lr: float = Field(5e-4, gt=0, le=1.0, description="actor learning rate")
+    lr: float = Field(3e-4, gt=0, le=1.0, description="actor learning rate")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (gradient accumulation)")
@@ -126,30 +143,37 @@ class LearnerConfig(_Base):
 
 
 class WeightSyncConfig(_Base):
+    """Weight pushes from the learner to the engine."""
+
     every_steps: int = Field(1, ge=1, description="push weights to the engine every k optimizer steps")
     deadline_s: float = Field(60.0, gt=0, description="a push that takes longer is reported as failed")
 
 
 class TrainConfig(_Base):
-    steps: int = Field(60, ge=0, le=10_000_000, description="learner batches to train on")
+    """The training loop and its outputs."""
+
+    steps: int = Field(400, ge=0, le=10_000_000, description="learner batches to train on")
     eval_before: bool = Field(True, description="evaluate the starting model on the held-out tasks")
     eval_after: bool = Field(True, description="evaluate the trained model on the held-out tasks")
+    eval_every: int = Field(0, ge=0, description="also evaluate every N steps during training (0 = never)")
     out_dir: str = Field("runs/default", description="metrics.jsonl, summary.json and the saved model go here")
     save_model: bool = Field(True, description="save the trained model as a Hugging Face folder")
     seed: int = Field(0, ge=0, description="learner seed")
 
 
 class Config(_Base):
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    env: EnvConfig = Field(default_factory=EnvConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    buffer: BufferConfig = Field(default_factory=BufferConfig)
-    algo: AlgoConfig = Field(default_factory=AlgoConfig)
-    learner: LearnerConfig = Field(default_factory=LearnerConfig)
-    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
+    """The whole run: one section per stage, in data-flow order."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="which model to train")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="the environment class and its arguments")
+    data: DataConfig = Field(default_factory=DataConfig, description="training and held-out tasks")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="the vLLM rollout engine")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="episode sampling and deadlines")
+    buffer: BufferConfig = Field(default_factory=BufferConfig, description="batching and the staleness bound")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="advantages, loss, off-policy correction")
+    learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the DeepSpeed actor")
+    weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="learner -> engine pushes")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="loop length, evals and outputs")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
@@ -177,12 +201,20 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
         dotted = prefix + str(key)
         field = model.model_fields.get(str(key))
         if field is None:
-            valid = _all_keys(model, prefix)
-            guess = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
+            # Compare the last component with this section's names (a shared prefix would make any
+            # nested key look close), then with every dotted key (a key put in the wrong section).
+            guess = difflib.get_close_matches(str(key), list(model.model_fields), n=1, cutoff=0.6)
+            if not guess:
+                by_leaf = {k.rsplit(".", 1)[-1]: k for k in _all_keys(Config)}
+                guess = [by_leaf[g] for g in difflib.get_close_matches(str(key), list(by_leaf), n=1, cutoff=0.8)]
+            else:
+                guess = [prefix + guess[0]]
             hint = f"; did you mean '{guess[0]}'?" if guess else f"; valid keys here: {sorted(model.model_fields)}"
             raise ConfigError(f"unknown config key '{dotted}'{hint}")
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
+            if value is None:  # a YAML section whose keys are all commented out
+                data[key] = value = {}
             _check_keys(value, ann, dotted + ".")
 
 
@@ -194,7 +226,9 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     parts = key.strip().split(".")
     node = data
     for part in parts[:-1]:
-        node = node.setdefault(part, {})
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
         if not isinstance(node, dict):
             raise ConfigError(f"override {key!r}: '{part}' is not a section")
     node[parts[-1]] = yaml.safe_load(raw)
@@ -205,7 +239,7 @@ def build_config(data: dict[str, Any]) -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()]
+        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()]
         raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
 
 

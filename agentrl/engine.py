@@ -9,6 +9,7 @@ processes, and `model.load_weights` fails after the CPU backend repacks weights 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import os
@@ -120,4 +121,9 @@ class Engine:
                 await self.llm.resume_generation()
 
     def shutdown(self) -> None:
+        if self.llm is None:
+            return
         self.llm.shutdown()
+        # Drop the AsyncLLM now: its __del__ shuts down again and fails if it runs during interpreter exit.
+        self.llm = None
+        gc.collect()

@@ -14,6 +14,7 @@ Exceptions and timeouts raised by an Env end only its own episode (status "env_e
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import re
 from abc import ABC, abstractmethod
@@ -92,6 +93,9 @@ def load_env(import_path: str) -> type[Env]:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r}; classes there: {names}")
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise ValueError(f"{import_path!r} is not a subclass of agentrl.env.Env")
+    if inspect.isabstract(cls):
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        raise ValueError(f"{import_path!r} is abstract: implement {missing}")
     return cls
 
 
@@ -108,7 +112,12 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], str | None]:
     for raw in _TOOL_CALL_RE.findall(text):
         try:
             obj = json.loads(raw)
-            calls.append(ToolCall(name=str(obj["name"]), arguments=dict(obj.get("arguments") or {})))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            args = obj.get("arguments") or {}
+            if isinstance(args, str):  # OpenAI style: arguments as a JSON string
+                args = json.loads(args)
+            calls.append(ToolCall(name=str(obj["name"]), arguments=dict(args)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             return calls, f"malformed tool call {raw.strip()[:80]!r}: {exc}"
+    if text.count("<tool_call>") > text.count("</tool_call>"):
+        return calls, "unterminated <tool_call> (no closing </tool_call>; was the turn cut at max_tokens?)"
     return calls, None

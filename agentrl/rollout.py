@@ -83,13 +83,20 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
         if result.done:
             return
         new_messages = to_messages(result.observation)
-        if not ended:
-            ep.append([fmt.eos_id], generated=False)  # close a turn cut at max_tokens so the template lines up
-        suffix = fmt.continuation(new_messages)
+        closing = [] if ended else [fmt.eos_id]  # close a turn cut at max_tokens so the template lines up
+        suffix = closing + fmt.continuation(new_messages)
         ep.append(suffix, generated=False)
         ep.turns[-1].env_tokens = len(suffix)
         ep.messages += new_messages
     ep.status = "truncated"
+
+
+def _trim_to_context(ep: Episode, max_len: int) -> None:
+    """Drop trailing env tokens past the context length (only unmasked env text can be there, since
+    each generation budget is capped by it); they carry nothing to train on."""
+    if len(ep.tokens) > max_len:
+        for seq in (ep.tokens, ep.loss_mask, ep.logprobs, ep.versions):
+            del seq[max_len:]
 
 
 async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpec, group_id: int = 0,
@@ -109,6 +116,7 @@ async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpe
         ep.status = "env_error"
         ep.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     finally:
+        _trim_to_context(ep, spec.max_model_len)
         if env is not None:
             try:
                 await asyncio.wait_for(env.close(), spec.cfg.turn_timeout_s)

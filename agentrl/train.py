@@ -110,8 +110,8 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     return rec
 
 
-async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, sink: MetricsSink,
-                     pad_id: int) -> dict[str, Any]:
+async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, eval_tasks: list[dict],
+                     sink: MetricsSink, pad_id: int) -> dict[str, Any]:
     buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness)
     sync.on_pushed = buffer.set_engine_version
     producer = Producer(buffer, pool, train_iter, cfg.rollout.n_samples)
@@ -133,6 +133,9 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
                 await sync.push(learner.version)
             rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
             rec["trained_staleness_max"] = trained_staleness
+            if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
+                # Runs beside training episodes on whatever weights the engine serves right now.
+                rec["eval_score"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).score
             max_stale_seen = max(max_stale_seen, trained_staleness)
             sink.log(rec)
     finally:
@@ -184,7 +187,7 @@ async def run(cfg: Config) -> dict[str, Any]:
         sync = EngineWeightSync(learner.state_dict_cpu, engine, cfg.weight_sync.deadline_s)
         t_train = time.perf_counter()
         summary["train"] = await train_loop(cfg, pool, learner, sync, task_stream(train_tasks, cfg.data.seed),
-                                            sink, tokenizer.pad_token_id)
+                                            eval_tasks, sink, tokenizer.pad_token_id)
         summary["train"]["seconds"] = time.perf_counter() - t_train
         if cfg.train.eval_after:
             summary["eval_after"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).__dict__
@@ -220,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentrl.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config file (defaults apply when omitted)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. buffer.max_staleness=2")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     setup_logging()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns on every in-place reload
     try:
