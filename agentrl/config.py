@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -91,6 +91,16 @@ class RolloutConfig(_Base):
     max_concurrency: int = Field(64, ge=1, le=100_000, description="episodes in flight at once")
     episode_timeout_s: float = Field(120.0, gt=0, description="deadline for a whole episode")
     turn_timeout_s: float = Field(30.0, gt=0, description="deadline for one generate call or one env step")
+    tool_parser: str = Field("hermes", description="name in agentrl.tools.TOOL_PARSERS that reads tool calls "
+                                                   "from a model turn; 'pkg.module:name' imports pkg.module first")
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, name: str) -> str:
+        from agentrl.tools import get_tool_parser
+
+        get_tool_parser(name)  # ValueError naming the registered parsers
+        return name
 
 
 class BufferConfig(_Base):

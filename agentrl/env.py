@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+# ToolCall and the default parser live in agentrl.tools; re-exported here for existing imports.
+from agentrl.tools import ToolCall, parse_tool_calls  # noqa: F401
+
 Message = dict[str, Any]  # {"role": "user" | "tool" | "system" | "assistant", "content": str, ...}
 Observation = Union[str, list[Message]]
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: dict[str, Any]
 
 
 @dataclass
@@ -97,27 +92,3 @@ def load_env(import_path: str) -> type[Env]:
         missing = sorted(getattr(cls, "__abstractmethods__", ()))
         raise ValueError(f"{import_path!r} is abstract: implement {missing}")
     return cls
-
-
-_TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def parse_tool_calls(text: str) -> tuple[list[ToolCall], str | None]:
-    """Default parser for the `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` format.
-
-    Returns (calls, error); a malformed call yields an error string instead of raising, so the env
-    can send the model an error observation.
-    """
-    calls: list[ToolCall] = []
-    for raw in _TOOL_CALL_RE.findall(text):
-        try:
-            obj = json.loads(raw)
-            args = obj.get("arguments") or {}
-            if isinstance(args, str):  # OpenAI style: arguments as a JSON string
-                args = json.loads(args)
-            calls.append(ToolCall(name=str(obj["name"]), arguments=dict(args)))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            return calls, f"malformed tool call {raw.strip()[:80]!r}: {exc}"
-    if text.count("<tool_call>") > text.count("</tool_call>"):
-        return calls, "unterminated <tool_call> (no closing </tool_call>; was the turn cut at max_tokens?)"
-    return calls, None

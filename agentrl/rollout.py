@@ -17,7 +17,8 @@ from typing import Any, Protocol
 from agentrl.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.engine import Generation
-from agentrl.env import Action, Env, parse_tool_calls, to_messages
+from agentrl.env import Action, Env, to_messages
+from agentrl.tools import ToolCallStats, get_tool_parser, record_tool_turn
 from agentrl.types import Episode, Group, Turn
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
         ep.append(gen.token_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
         ended = bool(gen.token_ids) and gen.token_ids[-1] == fmt.eos_id
         text = fmt.tokenizer.decode(gen.token_ids[:-1] if ended else gen.token_ids)
-        calls, parse_error = parse_tool_calls(text)
+        calls, parse_error = get_tool_parser(cfg.tool_parser)(text)
+        record_tool_turn(ep.info, calls, parse_error)
         ep.messages.append({"role": "assistant", "content": text})
         ep.turns.append(Turn(start=start, n_generated=len(gen.token_ids), text=text))
         result = await asyncio.wait_for(env.step(Action(text, calls, parse_error)), cfg.turn_timeout_s)
@@ -102,7 +104,8 @@ def _trim_to_context(ep: Episode, max_len: int) -> None:
 async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpec, group_id: int = 0,
                       seed: int | None = None) -> Episode:
     """Play one episode. Never raises for Env or engine failures: they set `status` and `error`."""
-    ep = Episode(task_id=str(task.get("id", "")), group_id=group_id, info={"task": task})
+    ep = Episode(task_id=str(task.get("id", "")), group_id=group_id,
+                 info={"task": task, "tool_calls": 0, "tool_parse_errors": 0, "tool_call_turns": 0})
     env: Env | None = None
     try:
         async with asyncio.timeout(spec.cfg.episode_timeout_s):
@@ -134,6 +137,7 @@ class RolloutPool:
         self.in_flight = 0
         self.status_counts: Counter[str] = Counter()
         self.generated_tokens = 0
+        self.tool_stats = ToolCallStats()  # tool_calls, tool_parse_errors, turns, episodes_without_tool_call
         self.started = time.perf_counter()
 
     async def episode(self, task: dict[str, Any], group_id: int, seed: int | None = None) -> Episode:
@@ -145,6 +149,7 @@ class RolloutPool:
                 self.in_flight -= 1
         self.status_counts[ep.status] += 1
         self.generated_tokens += ep.n_generated
+        self.tool_stats.add_episode(ep)
         if ep.status in ("env_error", "engine_error", "timeout"):
             log.warning("episode %s ended with %s: %s", ep.task_id, ep.status, ep.error)
         return ep

@@ -106,6 +106,7 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     }
     rec.update({f"policy/{k}": v for k, v in metrics[-1].policy.items()})
     rec.update({f"episodes/{k}": v for k, v in pool.status_counts.items()})
+    rec.update(pool.tool_stats.metrics())
     rec.update({f"buffer/{k}": v for k, v in buffer.stats().items()})
     return rec
 
@@ -183,6 +184,7 @@ async def run(cfg: Config) -> dict[str, Any]:
             summary["eval_before"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).__dict__
             log.info("eval before RL: %s", summary["eval_before"])
         pool.status_counts.clear()
+        pool.tool_stats.clear()
         sink = MetricsSink(cfg.train.out_dir, cfg.train.steps, show=sys.stderr.isatty() or "CI" not in os.environ)
         sync = EngineWeightSync(learner.state_dict_cpu, engine, cfg.weight_sync.deadline_s)
         t_train = time.perf_counter()
@@ -199,6 +201,9 @@ async def run(cfg: Config) -> dict[str, Any]:
         sink.write_summary(summary)
         return summary
     finally:
+        from agentrl.remote_tools import aclose_shared
+
+        await aclose_shared()
         engine.shutdown()
 
 

@@ -1,0 +1,128 @@
+"""Multi-turn arithmetic with a remote calculator tool: "What is 437 * 89?".
+
+The numbers are large enough that a model should call the tool rather than guess. The env
+discovers the tool server's specs at reset (once per URL: episodes share one client), declares them as `tools`, runs the
+model's calls through `agentrl.remote_tools.RemoteToolClient` and shows each result as a
+`{"role": "tool"}` message cut to `result_token_budget` tokens. The episode ends when the model
+replies with a number and no tool call (reward 1.0 if it is the answer, by
+`rewards.rules.numeric_match`, else 0.0), or after `max_turns`.
+
+A malformed call (the Action carries `tool_parse_error`) or an unknown tool name is the model's
+mistake: it gets an error message and the episode goes on. A tool server that fails (discovery,
+or a call whose status is error/timeout) is not: the env raises RemoteToolError, so the episode
+ends with status env_error and is counted, never scored as reward 0.
+
+Run the reference server with `python -m rewards.servers.tools --port 8765`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+import uuid
+from typing import Any
+
+from agentrl.env import Action, Env, Message, StepResult, ToolCall
+from agentrl.remote_tools import RemoteToolClient, RemoteToolError, shared_client, truncate_to_tokens
+from rewards.rules import last_number, numeric_match
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class CalculatorEnv(Env):
+    def __init__(self, tool_url: str, result_token_budget: int = 32, max_turns: int = 4,
+                 max_calls_per_turn: int = 8, tokenizer: Any = None, describe_tools: bool = True,
+                 client: dict[str, Any] | None = None) -> None:
+        """`tokenizer`: a tokenizer or a Hugging Face path, for the result budget (None: count UTF-8 bytes,
+        which never undercounts a byte-level BPE). `client`: ToolServerConfig fields (timeouts, retries, ...)
+        for the first client made for this URL on the event loop. `describe_tools` adds a system message
+        naming the tools and the call format, for chat templates that do not render `tools`."""
+        self.tool_url = tool_url.rstrip("/")
+        self.budget = result_token_budget
+        self.max_turns = max_turns
+        self.max_calls_per_turn = max_calls_per_turn
+        self.tokenizer = _load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+        self.describe_tools = describe_tools
+        self.client_config = client or {}
+        self.tools: list[dict[str, Any]] = []
+        self.turn = 0
+        self.episode_key = uuid.uuid4().hex  # prefix of each call's Idempotency-Key
+
+    async def reset(self, task: dict[str, Any]) -> list[Message]:
+        self.task, self.turn = task, 0
+        self.client: RemoteToolClient = shared_client(self.tool_url, **self.client_config)
+        self.tools = await self.client.tools()  # discovered once per URL and event loop; RemoteToolError if down
+        question = {"role": "user", "content": f"What is {task['a']} {task['op']} {task['b']}?"}
+        return [self._system_message(), question] if self.describe_tools else [question]
+
+    def _system_message(self) -> Message:
+        names = ", ".join(spec["function"]["name"] for spec in self.tools)  # short: the context is small
+        return {"role": "system", "content": (
+            f"Tools: {names}. Call one as "
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>. '
+            "Reply with only the number when you know the answer.")}
+
+    async def step(self, action: Action) -> StepResult:
+        self.turn += 1
+        last = self.turn >= self.max_turns
+        if action.tool_parse_error:  # the whole turn is rejected, also calls parsed before the bad one
+            hint = 'write <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+            return StepResult([_tool_message(None, f"error: {action.tool_parse_error}; {hint}")], 0.0, last,
+                              {"success": False, "tool_error": "parse"})
+        if action.tool_calls:
+            return StepResult(await self._run_calls(action.tool_calls), 0.0, last, {"success": False})
+        if last_number(action.text) is None:
+            return StepResult("Reply with a number, or call a tool.", 0.0, last, {"success": False})
+        reward = numeric_match(action.text, self.task["answer"])
+        return StepResult(None, reward, True, {"success": reward == 1.0, "turns": self.turn})
+
+    async def _run_calls(self, calls: list[ToolCall]) -> list[Message]:
+        """One tool message per call, in call order; raises RemoteToolError if the server failed."""
+        if len(calls) > self.max_calls_per_turn:
+            return [_tool_message(None, f"error: {len(calls)} calls in one turn; at most {self.max_calls_per_turn}")]
+        known = {spec["function"]["name"] for spec in self.tools}
+        results: list[Any] = [None] * len(calls)
+        async with asyncio.TaskGroup() as tg:
+            for i, call in enumerate(calls):
+                if call.name in known:
+                    key = f"{self.episode_key}:{self.turn}:{i}"
+                    results[i] = tg.create_task(self.client.call(call.name, call.arguments, key))
+        messages = []
+        for call, job in zip(calls, results):
+            if job is None:
+                messages.append(_tool_message(call.name, f"error: unknown tool {call.name!r}; tools: {sorted(known)}"))
+                continue
+            result = job.result()
+            if not result.ok:
+                info = result.info
+                raise RemoteToolError(
+                    f"tool {call.name!r} at {self.tool_url} failed ({result.status}, {info.get('kind')}, "
+                    f"{info.get('attempts')} attempt(s)) on arguments {call.arguments}: {info.get('error')}")
+            messages.append(_tool_message(call.name, truncate_to_tokens(result.content, self.tokenizer, self.budget)))
+        return messages
+
+    @classmethod
+    def make_tasks(cls, n: int, seed: int, split: str, low: int = 12, high: int = 999,
+                   ops: str = "+-*") -> list[dict[str, Any]]:
+        # Independent streams per split, so eval tasks are never the train stream.
+        rng = random.Random(f"calculator:{split}:{seed}")
+        tasks = []
+        for i in range(n):
+            a, b, op = rng.randint(low, high), rng.randint(low, high), rng.choice(ops)
+            tasks.append({"id": f"{split}-{i}", "a": a, "b": b, "op": op, "answer": _OPS[op](a, b)})
+        return tasks
+
+
+def _tool_message(name: str | None, content: str) -> Message:
+    message: Message = {"role": "tool", "content": content}
+    if name is not None:
+        message["name"] = name
+    return message
