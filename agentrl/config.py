@@ -7,6 +7,7 @@ nearest valid one (`rollout.n_sampels` -> did you mean `rollout.n_samples`?).
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,8 +35,13 @@ class DefaultModelConfig(_Base):
     sft_steps: int = Field(300, ge=0, le=100_000, description="supervised optimizer steps")
     sft_batch_size: int = Field(64, ge=1, le=4096, description="demonstrations per SFT step")
     sft_lr: float = Field(2e-3, gt=0, le=1.0, description="peak SFT learning rate (one-cycle schedule)")
+    task: Literal["guess_number", "calculator"] = Field(
+        "guess_number", description="whose demonstrations train the tokenizer and the warm start: "
+                                    "envs.<task>.demo_tasks / demonstration")
     demo_optimal_prob: float = Field(0.3, ge=0.0, le=1.0,
-                                     description="chance a demonstration guess is the bisection midpoint")
+                                     description="chance a demonstration step is the teacher's best play "
+                                                 "(guess_number: the bisection midpoint; calculator: a "
+                                                 "correctly copied tool call)")
     seed: int = Field(0, ge=0, description="seed for weights, tokenizer corpus and demonstrations")
     cache_dir: str | None = Field(None, description="where built models are cached (default $AGENTRL_CACHE "
                                                     "or ~/.cache/agentrl)")
@@ -171,6 +177,50 @@ class TrainConfig(_Base):
     seed: int = Field(0, ge=0, description="learner seed")
 
 
+class RewardSourceConfig(_Base):
+    """One reward source; the episode's reward is the weighted sum over sources."""
+
+    name: str = Field(description="label in metrics (reward/<name>/...) and in episode.info['rewards']")
+    type: Literal["env", "rule", "http", "reward_model"] = Field(
+        description="env: the env's own step rewards; rule: a function (completion, answer) -> float; "
+                    "http: a verifier URL; reward_model: a local sequence classifier")
+    weight: float = Field(1.0, ge=-1000, le=1000, description="multiplier of this source's value")
+    rule: str | None = Field(None, description="type rule: 'package.module:function', e.g. rewards.rules:numeric_match")
+    answer_key: str = Field("answer", description="type rule: the task field holding the reference answer")
+    http: dict[str, Any] | None = Field(None, description="type http: rewards.http_verifier.VerifierConfig fields "
+                                                          "(url, timeouts, max_retries, max_concurrency, ...)")
+    reward_model: dict[str, Any] | None = Field(None, description="type reward_model: "
+                                                                  "rewards.reward_model.RewardModelConfig fields")
+
+    @model_validator(mode="after")
+    def _settings_for_type(self) -> "RewardSourceConfig":
+        needed = {"rule": self.rule, "http": self.http, "reward_model": self.reward_model}
+        if self.type in needed and needed[self.type] is None:
+            raise ValueError(f"reward source '{self.name}' of type {self.type} needs the '{self.type}' setting")
+        if self.type == "http":
+            from rewards.http_verifier import VerifierConfig
+
+            VerifierConfig(**self.http)  # fail at load time, naming the bad field
+        return self
+
+
+class RewardsConfig(_Base):
+    """Where rewards come from and what happens when a source fails."""
+
+    sources: list[RewardSourceConfig] = Field(default_factory=list,
+                                              description="reward sources; empty = the env's own reward")
+    on_failure: Literal["retry", "drop"] = Field(
+        "retry", description="a failed source is asked again (retry) or the episode is dropped at once (drop)")
+    max_retries: int = Field(2, ge=0, le=20, description="episode-level re-asks of a failed source (retry)")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "RewardsConfig":
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward source names must be unique, got {names}")
+        return self
+
+
 class Config(_Base):
     """The whole run: one section per stage, in data-flow order."""
 
@@ -179,6 +229,7 @@ class Config(_Base):
     data: DataConfig = Field(default_factory=DataConfig, description="training and held-out tasks")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="the vLLM rollout engine")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="episode sampling and deadlines")
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="reward sources and failure policy")
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="batching and the staleness bound")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="advantages, loss, off-policy correction")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the DeepSpeed actor")
@@ -201,6 +252,14 @@ def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             keys += _all_keys(ann, prefix + name + ".")
     return keys
+
+
+def _list_item_model(ann: Any) -> type[BaseModel] | None:
+    """The item model of a `list[SomeModel]` annotation, else None."""
+    args = typing.get_args(ann)
+    if typing.get_origin(ann) is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
 
 
 def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
@@ -226,6 +285,10 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
             if value is None:  # a YAML section whose keys are all commented out
                 data[key] = value = {}
             _check_keys(value, ann, dotted + ".")
+        item = _list_item_model(ann)
+        if item is not None and isinstance(value, list):
+            for i, entry in enumerate(value):
+                _check_keys(entry, item, f"{dotted}.{i}.")
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:

@@ -19,7 +19,7 @@ from agentrl.config import RolloutConfig
 from agentrl.engine import Generation
 from agentrl.env import Action, Env, to_messages
 from agentrl.tools import ToolCallStats, get_tool_parser, record_tool_turn
-from agentrl.types import Episode, Group, Turn
+from agentrl.types import TRAINABLE_STATUSES, Episode, Group, Turn
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,12 @@ class GenerateFn(Protocol):
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None) -> Generation: ...
+
+
+class Scorer(Protocol):
+    """Sets a finished episode's reward (or marks it "reward_error"); rewards.sources.RewardCombiner."""
+
+    async def score(self, episode: Episode) -> None: ...
 
 
 class EngineFailure(Exception):
@@ -82,6 +88,7 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
         result = await asyncio.wait_for(env.step(Action(text, calls, parse_error)), cfg.turn_timeout_s)
         ep.reward += float(result.reward)
         ep.success = bool(result.info.get("success", ep.success))
+        ep.info.setdefault("env", {}).update(result.info)  # the latest value of each key the env reported
         if result.done:
             return
         new_messages = to_messages(result.observation)
@@ -131,8 +138,8 @@ async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpe
 class RolloutPool:
     """Runs episodes concurrently on the current event loop under a concurrency cap, and counts them."""
 
-    def __init__(self, engine: GenerateFn, spec: EpisodeSpec) -> None:
-        self.engine, self.spec = engine, spec
+    def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None) -> None:
+        self.engine, self.spec, self.scorer = engine, spec, scorer
         self._sem = asyncio.Semaphore(spec.cfg.max_concurrency)
         self.in_flight = 0
         self.status_counts: Counter[str] = Counter()
@@ -147,10 +154,12 @@ class RolloutPool:
                 ep = await run_episode(task, self.engine, self.spec, group_id, seed)
             finally:
                 self.in_flight -= 1
+        if self.scorer is not None and ep.status in TRAINABLE_STATUSES:
+            await self.scorer.score(ep)  # outside the episode cap: sources have caps of their own
         self.status_counts[ep.status] += 1
         self.generated_tokens += ep.n_generated
         self.tool_stats.add_episode(ep)
-        if ep.status in ("env_error", "engine_error", "timeout"):
+        if ep.status not in TRAINABLE_STATUSES:
             log.warning("episode %s ended with %s: %s", ep.task_id, ep.status, ep.error)
         return ep
 

@@ -38,13 +38,19 @@ class EvalResult:
     success_rate: float
     n: int
     failed: dict[str, int] = field(default_factory=dict)  # infrastructure failures, not scored
+    # Share of finished episodes with a tool call the server executed without error (the env's
+    # info["tool_success"]); None when the env reports no tool use.
+    tool_call_success_rate: float | None = None
 
 
 def score_episodes(episodes: list[Episode]) -> EvalResult:
     done = [e for e in episodes if e.status in ("ok", "truncated")]
     failed = Counter(e.status for e in episodes if e.status not in ("ok", "truncated"))
     n = max(len(done), 1)
-    return EvalResult(sum(e.reward for e in done) / n, sum(e.success for e in done) / n, len(done), dict(failed))
+    result = EvalResult(sum(e.reward for e in done) / n, sum(e.success for e in done) / n, len(done), dict(failed))
+    if any("tool_success" in e.info.get("env", {}) for e in done):
+        result.tool_call_success_rate = sum(bool(e.info["env"].get("tool_success")) for e in done) / n
+    return result
 
 
 def make_train_batch(assembly: BatchAssembly, advantage: str, pad_id: int) -> TrainBatch:
@@ -107,6 +113,8 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     rec.update({f"policy/{k}": v for k, v in metrics[-1].policy.items()})
     rec.update({f"episodes/{k}": v for k, v in pool.status_counts.items()})
     rec.update(pool.tool_stats.metrics())
+    if pool.scorer is not None:
+        rec.update(pool.scorer.metrics())
     rec.update({f"buffer/{k}": v for k, v in buffer.stats().items()})
     return rec
 
@@ -165,6 +173,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     from agentrl.env import load_env
     from agentrl.learner import Learner
     from agentrl.weight_sync import EngineWeightSync
+    from rewards.sources import RewardCombiner
 
     t_start = time.perf_counter()
     env_cls = load_env(cfg.env.import_path)
@@ -173,18 +182,20 @@ async def run(cfg: Config) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     fmt = ChatFormat(tokenizer)
     log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(train_tasks), len(eval_tasks))
+    scorer = RewardCombiner(cfg.rewards)
     engine = Engine.start(model_path, cfg.engine, fmt.eos_id)
     try:
         learner = await asyncio.to_thread(Learner, model_path, cfg.learner, cfg.algo, cfg.rollout.temperature,
                                           cfg.buffer.batch_size)
         spec = EpisodeSpec(env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
-        pool = RolloutPool(engine, spec)
+        pool = RolloutPool(engine, spec, scorer)
         summary: dict[str, Any] = {"model": model_path, "config": cfg.model_dump()}
         if cfg.train.eval_before:
             summary["eval_before"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).__dict__
             log.info("eval before RL: %s", summary["eval_before"])
         pool.status_counts.clear()
         pool.tool_stats.clear()
+        scorer.stats.clear()
         sink = MetricsSink(cfg.train.out_dir, cfg.train.steps, show=sys.stderr.isatty() or "CI" not in os.environ)
         sync = EngineWeightSync(learner.state_dict_cpu, engine, cfg.weight_sync.deadline_s)
         t_train = time.perf_counter()
@@ -204,6 +215,7 @@ async def run(cfg: Config) -> dict[str, Any]:
         from agentrl.remote_tools import aclose_shared
 
         await aclose_shared()
+        await scorer.aclose()
         engine.shutdown()
 
 
@@ -216,6 +228,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         lines.append(f"held-out eval score, after RL   : {after['score']:.3f}  (n={after['n']}, failed={after['failed']})")
     if before and after:
         lines.append(f"improvement                     : {after['score'] - before['score']:+.3f}")
+    for label, res in (("warm start", before), ("after RL  ", after)):
+        if res and res.get("tool_call_success_rate") is not None:
+            lines.append(f"tool-call success, {label}    : {res['tool_call_success_rate']:.3f}")
     train = summary.get("train", {})
     lines.append(f"max staleness trained           : {train.get('max_staleness_seen')}")
     lines.append(f"RL time {train.get('seconds', 0):.0f}s, total wall time {summary.get('wall_s', 0):.0f}s")

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-EpisodeStatus = Literal["ok", "truncated", "env_error", "timeout", "engine_error"]
+EpisodeStatus = Literal["ok", "truncated", "env_error", "timeout", "engine_error", "reward_error"]
 
 # Statuses whose episodes are valid training data: "truncated" means the episode ran out of turns or
 # tokens, which is the agent's own doing and legitimately earns its reward; the others are

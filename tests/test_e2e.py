@@ -136,3 +136,47 @@ def test_vllm_logprobs_match_learner_after_push(model_dir):
             engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_training_continues_against_a_misbehaving_verifier(tmp_path, model_dir):
+    """A real verifier on loopback that answers 500s, hangs past the deadline and sends non-JSON:
+    the run finishes, failures are retried then dropped as reward_error (counted, never scored 0),
+    and every eval episode is accounted for."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rewards.servers.verifier", "--port", "0", "--fail-rate", "0.25",
+         "--hang-rate", "0.05", "--garbage-rate", "0.05", "--hang-s", "3", "--seed", "1"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+    try:
+        url = server.stdout.readline().strip().rsplit(" ", 1)[-1] + "/verify"
+        config = tmp_path / "flaky.yaml"
+        config.write_text(f"""
+env: {{import_path: "envs.arithmetic:ArithmeticEnv"}}
+rollout: {{n_samples: 4, max_tokens_per_turn: 6, max_turns: 1}}
+buffer: {{batch_size: 16, max_staleness: 1}}
+rewards:
+  on_failure: retry
+  max_retries: 1
+  sources:
+    - {{name: verifier, type: http, http: {{url: "{url}", read_timeout_s: 0.5, max_retries: 1,
+        backoff_base_s: 0.01, max_concurrency: 16}}}}
+train: {{steps: 4, save_model: false}}
+""")
+        res = run_cli(tmp_path, model_dir, "--config", str(config))
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    last = res["records"][-1]
+    assert len(res["records"]) == 4
+    statuses = {k.rsplit("/", 1)[-1]: v for k, v in last.items() if k.startswith("reward/verifier/")}
+    assert statuses.get("error", 0) + statuses.get("timeout", 0) > 0
+    assert statuses["retries"] > 0 and statuses["ok"] > 0
+    assert last["episodes/reward_error"] > 0 and last["buffer/episodes_failed/reward_error"] > 0
+    # Every attempt is counted: ok + error + timeout == scored episodes + retries (>= while the
+    # last episodes are still being scored when the record is written).
+    attempts = statuses["ok"] + statuses.get("error", 0) + statuses.get("timeout", 0)
+    scored = last.get("episodes/ok", 0) + last.get("episodes/truncated", 0) + last["episodes/reward_error"]
+    assert attempts >= scored + statuses["retries"] - 16
+    for when in ("eval_before", "eval_after"):
+        ev = res["summary"][when]
+        assert ev["n"] + sum(ev["failed"].values()) == 16  # each eval episode scored or counted as failed
+        assert set(ev["failed"]) <= {"reward_error"}

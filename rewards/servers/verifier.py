@@ -7,6 +7,7 @@ Run it with `python -m rewards.servers.verifier --port 8000` and point the clien
                         -> 200 {"reward": 0.0 | 1.0, "info": {"episode_id", "predicted", "replayed"}}
                         -> 400 {"error": ...} when the request cannot be scored (clients must not retry)
     GET  /health        -> 200 {"status": "ok"}
+    --fail-rate / --hang-rate / --garbage-rate inject 500s, hangs and non-JSON bodies (for testing a setup)
     GET  /stats         -> 200 {"requests", "in_flight", "max_in_flight"}; POST /stats/reset zeroes them
 
 A repeated Idempotency-Key (a client retry) is answered from a bounded cache of recent results, so
@@ -18,9 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import signal
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -40,6 +42,7 @@ STATS = web.AppKey("stats", ServerStats)
 CACHE = web.AppKey("cache", OrderedDict)
 DELAY_S = web.AppKey("delay_s", float)
 CACHE_SIZE = web.AppKey("cache_size", int)
+FAULTS = web.AppKey("faults", object)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -84,6 +87,9 @@ async def verify(request: web.Request) -> web.Response:
     if key and key in cache:
         cache.move_to_end(key)
         return web.json_response({**cache[key], "info": {**cache[key]["info"], "replayed": True}})
+    fault = await _inject_fault(app[FAULTS])
+    if fault is not None:
+        return fault
     try:
         result = score(json.loads(await request.read()))
     except json.JSONDecodeError as exc:
@@ -96,6 +102,30 @@ async def verify(request: web.Request) -> web.Response:
         if len(cache) > app[CACHE_SIZE]:
             cache.popitem(last=False)
     return web.json_response(result)
+
+
+@dataclass
+class Faults:
+    """Failure injection for testing a training setup against a misbehaving verifier: each request
+    independently gets a 500, a hang of `hang_s`, or a non-JSON body, with these probabilities."""
+
+    fail_rate: float = 0.0
+    hang_rate: float = 0.0
+    garbage_rate: float = 0.0
+    hang_s: float = 30.0
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+
+async def _inject_fault(faults: Faults) -> web.Response | None:
+    u = faults.rng.random()
+    if u < faults.fail_rate:
+        return web.json_response({"error": "injected failure"}, status=500)
+    if u < faults.fail_rate + faults.hang_rate:
+        await asyncio.sleep(faults.hang_s)
+        return web.json_response({"error": "injected hang"}, status=503)
+    if u < faults.fail_rate + faults.hang_rate + faults.garbage_rate:
+        return web.Response(text="<html>not json", content_type="application/json")
+    return None
 
 
 async def health(request: web.Request) -> web.Response:
@@ -112,9 +142,11 @@ async def reset_stats(request: web.Request) -> web.Response:
     return web.json_response(asdict(current))
 
 
-def make_app(*, delay_s: float = 0.0, cache_size: int = 10_000) -> web.Application:
-    """The verifier as an aiohttp app; `delay_s` adds a per-request sleep to simulate scoring cost."""
+def make_app(*, delay_s: float = 0.0, cache_size: int = 10_000, faults: Faults | None = None) -> web.Application:
+    """The verifier as an aiohttp app; `delay_s` adds a per-request sleep to simulate scoring cost,
+    `faults` injects failures."""
     app = web.Application(middlewares=[_track])
+    app[FAULTS] = faults or Faults()
     app[STATS] = ServerStats()
     app[CACHE] = OrderedDict()
     app[DELAY_S] = float(delay_s)
@@ -126,12 +158,12 @@ def make_app(*, delay_s: float = 0.0, cache_size: int = 10_000) -> web.Applicati
     return app
 
 
-async def _run(host: str, port: int, delay_s: float) -> None:
+async def _run(host: str, port: int, delay_s: float, faults: Faults) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with serve(make_app(delay_s=delay_s), host, port) as url:
+    async with serve(make_app(delay_s=delay_s, faults=faults), host, port) as url:
         print(f"verifier listening on {url}", flush=True)  # the bound port, also when --port 0
         await stop.wait()
 
@@ -141,14 +173,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="simulated scoring time per request")
+    parser.add_argument("--fail-rate", type=float, default=0.0, help="fraction of requests answered 500")
+    parser.add_argument("--hang-rate", type=float, default=0.0, help="fraction of requests that hang --hang-s")
+    parser.add_argument("--garbage-rate", type=float, default=0.0, help="fraction answered with a non-JSON body")
+    parser.add_argument("--hang-s", type=float, default=30.0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the fault injection")
     args = parser.parse_args(argv)
+    faults = Faults(args.fail_rate, args.hang_rate, args.garbage_rate, args.hang_s, random.Random(args.seed))
     try:
         import uvloop
 
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    run(_run(args.host, args.port, args.delay_ms / 1000))
+    run(_run(args.host, args.port, args.delay_ms / 1000, faults))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+"""Several reward sources per run, combined with weights: the env's own reward, rule functions, HTTP
+verifiers and reward-model scorers.
+
+    episode.reward = sum_i weight_i * value_i
+
+Each source's value and status is kept in `episode.info["rewards"][name]` and counted per source.
+A source that fails (status "error" / "timeout") is re-asked up to `max_retries` times when
+`on_failure: retry`; if it still fails, the episode gets status "reward_error": it is dropped from
+training and counted, never scored 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.config import RewardsConfig, RewardSourceConfig
+from agentrl.types import Episode
+from rewards.base import RewardFn, RewardResult
+
+
+async def env_reward(episode: Episode) -> RewardResult:
+    """The sum of the env's step rewards (what rollout recorded before any other source ran)."""
+    return RewardResult(float(episode.info.get("env_reward", episode.reward)))
+
+
+def _import(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    if not attr:
+        raise ValueError(f"reward rule {path!r} must look like 'package.module:function'")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_source(cfg: RewardSourceConfig) -> RewardFn:
+    """One RewardFn from its config entry (imports happen here, at start-up, so errors surface early)."""
+    if cfg.type == "env":
+        return env_reward
+    if cfg.type == "rule":
+        from rewards.rules import as_reward
+
+        return as_reward(_import(cfg.rule), answer_key=cfg.answer_key)
+    if cfg.type == "http":
+        from rewards.http_verifier import HttpVerifier, VerifierConfig
+
+        return HttpVerifier(VerifierConfig(**cfg.http))
+    from rewards.reward_model import RewardModelConfig, RewardModelScorer
+
+    return RewardModelScorer(RewardModelConfig(**cfg.reward_model))
+
+
+@dataclass
+class SourceStats:
+    status: Counter = field(default_factory=Counter)  # results by status, retries included
+    retries: int = 0
+    value_sum: float = 0.0
+    value_n: int = 0
+
+
+class RewardCombiner:
+    """Scores finished episodes with every configured source, concurrently per episode."""
+
+    def __init__(self, cfg: RewardsConfig) -> None:
+        self.cfg = cfg
+        entries = cfg.sources or [RewardSourceConfig(name="env", type="env")]
+        self.sources: list[tuple[RewardSourceConfig, RewardFn]] = [(e, build_source(e)) for e in entries]
+        self.stats: dict[str, SourceStats] = defaultdict(SourceStats)
+
+    async def _one(self, entry: RewardSourceConfig, fn: RewardFn, episode: Episode) -> RewardResult:
+        stats = self.stats[entry.name]
+        retries = self.cfg.max_retries if self.cfg.on_failure == "retry" else 0
+        for attempt in range(retries + 1):
+            result = await fn(episode)
+            stats.status[result.status] += 1
+            if result.ok and math.isfinite(result.value):
+                stats.value_sum += result.value
+                stats.value_n += 1
+                return result
+            if result.ok:  # a finite value is part of "ok"; NaN/inf from a source is its failure
+                result = RewardResult(float("nan"), "error", {**result.info, "error": "non-finite reward"})
+            if attempt < retries:
+                stats.retries += 1
+        return result
+
+    async def score(self, episode: Episode) -> None:
+        """Set episode.reward from all sources, or mark it "reward_error" if one failed for good."""
+        episode.info["env_reward"] = episode.reward
+        results = await asyncio.gather(*(self._one(e, fn, episode) for e, fn in self.sources))
+        episode.info["rewards"] = {e.name: {"value": r.value, "status": r.status, **(
+            {"error": r.info.get("error")} if not r.ok else {})} for (e, _), r in zip(self.sources, results)}
+        failed = [(e.name, r) for (e, _), r in zip(self.sources, results) if not r.ok]
+        if failed:
+            episode.status = "reward_error"
+            episode.error = "; ".join(f"{name}: {r.status} ({r.info.get('error', '')})" for name, r in failed)
+            return
+        episode.reward = sum(e.weight * r.value for (e, _), r in zip(self.sources, results))
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, s in self.stats.items():
+            out[f"reward/{name}/mean"] = s.value_sum / s.value_n if s.value_n else math.nan
+            out[f"reward/{name}/retries"] = s.retries
+            for status, n in s.status.items():
+                out[f"reward/{name}/{status}"] = n
+        return out
+
+    async def aclose(self) -> None:
+        for _, fn in self.sources:
+            close = getattr(fn, "aclose", None)
+            if close is not None:
+                await close()
