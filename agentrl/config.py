@@ -133,6 +133,9 @@ class AlgoConfig(_Base):
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
         "token_mean", description="loss aggregation")
     entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="entropy bonus coefficient")
+    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of the KL(pi || reference) loss term; "
+                                                               "> 0 builds a frozen reference engine")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator (GRPO uses k3)")
 
     @model_validator(mode="after")
     def _known_names(self) -> "AlgoConfig":

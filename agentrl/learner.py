@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrl.algo import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs
+from agentrl.algo import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, aggregate, kl_estimate, masked_mean
 from agentrl.config import AlgoConfig, LearnerConfig
 from agentrl.types import TrainBatch
 
@@ -90,6 +90,7 @@ class Learner:
         }
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self.device = self.engine.device
+        self.reference = self._build_reference(model_path, ds_config) if algo.kl_coef > 0 else None
         self.loss_cfg = PolicyLossConfig(
             clip_low=algo.clip_low, clip_high=algo.clip_high, correction=algo.correction,
             correction_level=algo.correction_level, is_low=algo.is_low, is_high=algo.is_high,
@@ -97,10 +98,22 @@ class Learner:
         self.loss_fn = POLICY_LOSSES[algo.policy_loss]
         self.version = 0
 
-    def _forward_logprobs(self, batch: TrainBatch, rows: slice) -> torch.Tensor:
+    @staticmethod
+    def _build_reference(model_path: str, actor_ds_config: dict):
+        """Frozen copy of the starting weights in an eval-only engine: ZeRO-3 if the actor is, else 0."""
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().requires_grad_(False)
+        stage = 3 if actor_ds_config["zero_optimization"]["stage"] == 3 else 0
+        config = {**actor_ds_config, "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+        engine, *_ = deepspeed.initialize(model=ref, config=config)
+        return engine
+
+    def _forward_logprobs(self, batch: TrainBatch, rows: slice, engine=None) -> torch.Tensor:
         ids = batch.input_ids[rows].to(self.device)
         attn = batch.attention_mask[rows].to(self.device)
-        logits = self.engine(input_ids=ids, attention_mask=attn).logits
+        logits = (engine or self.engine)(input_ids=ids, attention_mask=attn).logits
         return token_logprobs(logits, ids, self.temperature)
 
     @torch.no_grad()
@@ -125,6 +138,12 @@ class Learner:
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
             advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask)
         loss, metrics = self.loss_fn(inputs, self.loss_cfg)
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp = self._forward_logprobs(batch, rows, self.reference)
+            kl_BT = kl_estimate(inputs.logp_BT, ref_logp * mask, self.algo.kl_estimator)
+            loss = loss + self.algo.kl_coef * aggregate(kl_BT, mask, self.algo.agg)
+            metrics = {**metrics, "kl_ref": float(masked_mean(kl_BT.detach(), mask))}
         # DeepSpeed would divide by the accumulation steps; we weight each micro-batch by its share
         # of the mini-batch's tokens (or rows) instead, so ragged micro-batches aggregate exactly.
         self.engine.backward(loss * weight, scale_wrt_gas=False)

@@ -67,10 +67,11 @@ def test_async_training_with_staleness_2(tmp_path, model_dir):
 
 
 def test_on_policy_training_with_staleness_0(tmp_path, model_dir):
-    """Single-turn rule-reward env, max_staleness 0: synchronous on-policy training; no token is
-    generated while the learner steps, and vLLM's logprobs equal the learner's (same weights)."""
+    """Single-turn rule-reward env, max_staleness 0, ZeRO-3 learner: synchronous on-policy training;
+    no token is generated while the learner steps, and after every push (weights gathered from
+    ZeRO-3 partitions) vLLM's logprobs equal the learner's."""
     res = run_cli(tmp_path, model_dir, "--config", "examples/agents/arithmetic.yaml", "train.steps=4",
-                  "buffer.max_staleness=0", "buffer.batch_size=32", "train.save_model=false")
+                  "buffer.max_staleness=0", "buffer.batch_size=32", "learner.zero_stage=3")
     records = res["records"]
     assert len(records) == 4
     for rec in records:
@@ -80,6 +81,7 @@ def test_on_policy_training_with_staleness_0(tmp_path, model_dir):
         # Fresh samples: pi_prox (learner) and mu (vLLM) come from identical float32 weights.
         assert rec["policy/mismatch_abs"] < 1e-4
     assert res["summary"]["train"]["max_staleness_seen"] == 0
+    assert (Path(res["summary"]["saved_model"]) / "model.safetensors").exists()
 
 
 def test_custom_env_example_runs(tmp_path, model_dir):
