@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrl.algo import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, aggregate, kl_estimate, masked_mean
+from agentrl.algo import (POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, aggregate, correction_metrics,
+                          importance_weights, kl_estimate, masked_mean)
 from agentrl.config import AlgoConfig, LearnerConfig
 from agentrl.types import TrainBatch
 
@@ -149,10 +150,26 @@ class Learner:
         self.engine.backward(loss * weight, scale_wrt_gas=False)
         return loss.item() * weight, metrics
 
+    def staleness_metrics(self, batch: TrainBatch, old_logp: torch.Tensor) -> dict[str, float]:
+        """Correction diagnostics per staleness bucket (learner version minus token version), e.g.
+        `stale2/is_ess`: how far behaviour and proximal policies drift as samples age."""
+        out: dict[str, float] = {}
+        token_staleness = self.version - batch.versions
+        for s in sorted(set(token_staleness[batch.loss_mask > 0].tolist())):
+            mask = batch.loss_mask * (token_staleness == s)
+            iw = importance_weights(old_logp, batch.behav_logprobs, mask, self.algo.correction,
+                                    self.algo.correction_level, self.algo.is_low, self.algo.is_high)
+            for key, val in correction_metrics(iw, old_logp, batch.behav_logprobs, mask).items():
+                if key in ("is_ess", "is_corrected_frac", "mismatch_k1", "mismatch_abs"):
+                    out[f"stale{s}/{key}"] = val
+            out[f"stale{s}/tokens"] = float(mask.sum())
+        return out
+
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
         """Train on one batch: recompute pi_prox, then `mini_batches` optimizer steps.
         Returns one StepMetrics per optimizer step; `self.version` counts optimizer steps."""
         old_logp = self.logprobs(batch) if self.algo.mode == "decoupled" else batch.behav_logprobs
+        buckets = self.staleness_metrics(batch, old_logp)
         self.engine.train()
         results = []
         per_mini = math.ceil(batch.size / self.cfg.mini_batches)
@@ -181,7 +198,7 @@ class Learner:
             results.append(StepMetrics(
                 loss=loss_sum, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
-                n_tokens=int(batch.loss_mask[start:rows.stop].sum()), policy=_weighted(metric_rows)))
+                n_tokens=int(batch.loss_mask[start:rows.stop].sum()), policy={**_weighted(metric_rows), **buckets}))
         return results
 
     def _local_grad_norm(self) -> float:

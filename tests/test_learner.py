@@ -47,6 +47,9 @@ def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
     assert m.policy["is_weight_mean"] == pytest.approx(2.0, rel=1e-5)
     assert m.policy["is_corrected_frac"] == pytest.approx(1.0)
     assert learner.version == 1 and m.n_tokens == 4 and math.isfinite(m.grad_norm) and m.grad_norm > 0
+    # all 4 tokens were sampled at version 0 and trained at version 0: one staleness bucket
+    assert m.policy["stale0/tokens"] == 4.0 and m.policy["stale0/is_corrected_frac"] == pytest.approx(1.0)
+    assert m.policy["stale0/mismatch_abs"] == pytest.approx(math.log(2.0), rel=1e-5)
 
 
 def test_bypass_mode_ignores_the_behaviour_gap(tiny_model):
