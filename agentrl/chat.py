@@ -8,9 +8,30 @@ dummy conversation with and without the new messages, so any Qwen/ChatML-style t
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 Message = dict[str, Any]
+
+# tokenizer_config classes that mean "tokenizer.json is the whole tokenizer" (what agentrl saves).
+_FILE_BACKED = {"PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """Load a model folder's tokenizer exactly as it was saved.
+
+    transformers 5 swaps in its own Qwen2 pre-tokenizer for folders whose config says qwen2 (it
+    re-splits digits), so a tokenizer saved as a plain tokenizer.json, like the embedded default's,
+    would tokenize differently from how the model was trained. Such folders load from the file;
+    everything else goes through AutoTokenizer as usual.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(path) / "tokenizer_config.json"
+    if config.exists() and json.loads(config.read_text()).get("tokenizer_class") in _FILE_BACKED:
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
 
 _DUMMY = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
 

@@ -23,7 +23,7 @@ import torch
 
 from agentrl.algo import ADVANTAGES, AdvantageInputs
 from agentrl.buffer import BatchAssembly, BufferClosed, StalenessBuffer
-from agentrl.chat import ChatFormat
+from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.metrics import MetricsSink, setup_logging
 from agentrl.rollout import EpisodeSpec, RolloutPool
@@ -166,8 +166,6 @@ def resolve_model(cfg: Config) -> str:
 
 async def run(cfg: Config) -> dict[str, Any]:
     """Build every stage, evaluate, train, evaluate, save; returns the summary."""
-    from transformers import AutoTokenizer
-
     from agentrl.data import load_tasks, task_stream
     from agentrl.engine import Engine
     from agentrl.env import load_env
@@ -179,7 +177,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     env_cls = load_env(cfg.env.import_path)
     train_tasks, eval_tasks = load_tasks(cfg.data, env_cls)
     model_path = await asyncio.to_thread(resolve_model, cfg)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tokenizer = load_tokenizer(model_path)
     fmt = ChatFormat(tokenizer)
     log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(train_tasks), len(eval_tasks))
     scorer = RewardCombiner(cfg.rewards)

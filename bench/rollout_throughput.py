@@ -48,9 +48,7 @@ async def framework_round(pool, tasks: list[dict]) -> tuple[int, float]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    from transformers import AutoTokenizer
-
-    from agentrl.chat import ChatFormat
+    from agentrl.chat import ChatFormat, load_tokenizer
     from agentrl.config import DefaultModelConfig, EngineConfig, RolloutConfig
     from agentrl.default_model import ensure_default_model
     from agentrl.engine import Engine
@@ -58,7 +56,7 @@ async def main(args: argparse.Namespace) -> None:
     from envs.arithmetic import ArithmeticEnv
 
     model = args.model or str(ensure_default_model(DefaultModelConfig()))
-    tok = AutoTokenizer.from_pretrained(model)
+    tok = load_tokenizer(model)
     fmt = ChatFormat(tok)
     tasks = ArithmeticEnv.make_tasks(args.episodes, 0, "bench")
     prompts = [fmt.initial([{"role": "user", "content": f"What is {t['a']} {t['op']} {t['b']}?"}]) for t in tasks]

@@ -94,15 +94,14 @@ def test_custom_env_example_runs(tmp_path, model_dir):
 def test_vllm_logprobs_match_learner_after_push(model_dir):
     """After a learner step and a push, vLLM's logprobs of a fixed sequence equal the learner's
     within 1e-4 (float32), and differ from the pre-step ones (the push really changed the weights)."""
-    from transformers import AutoTokenizer
-
+    from agentrl.chat import load_tokenizer
     from agentrl.config import AlgoConfig, EngineConfig, LearnerConfig
     from agentrl.engine import Engine
     from agentrl.learner import Learner
     from agentrl.types import Episode, TrainBatch
     from agentrl.weight_sync import EngineWeightSync
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = load_tokenizer(model_dir)
     seq = tok.apply_chat_template([{"role": "user", "content": "Guess my number from 1 to 15."},
                                    {"role": "assistant", "content": "8"}, {"role": "user", "content": "Lower."},
                                    {"role": "assistant", "content": "4"}], tokenize=False)

@@ -323,3 +323,16 @@ def test_sft_ledger_of_demonstrations_renders_the_template(tok):
         trained = [t for t, m in zip(tokens, mask) if m]
         expected = [t for m in msgs if m["role"] == "assistant" for t in fmt.assistant_tokens(m["content"])]
         assert trained == expected
+
+
+def test_saved_default_tokenizer_reloads_with_identical_tokens(tok, tmp_path):
+    """A model folder's tokenizer must tokenize as the one the warm start used (transformers 5
+    would otherwise substitute Qwen2's digit-splitting pre-tokenizer for a qwen2 folder)."""
+    from agentrl.chat import load_tokenizer
+
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
+    text = tok.apply_chat_template([{"role": "user", "content": "Guess my number from 1 to 15."},
+                                    {"role": "assistant", "content": "12"}], tokenize=False)
+    reloaded = load_tokenizer(tmp_path)
+    assert reloaded.encode(text, add_special_tokens=False) == tok.encode(text, add_special_tokens=False)
