@@ -43,7 +43,12 @@ def init_single_process_dist() -> None:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend=backend)
+        if int(os.environ["WORLD_SIZE"]) == 1:
+            # An in-memory store: no TCP port to pick, so no race with vLLM's or a server's sockets.
+            torch.distributed.init_process_group(backend=backend, store=torch.distributed.HashStore(),
+                                                 rank=0, world_size=1)
+        else:
+            torch.distributed.init_process_group(backend=backend)
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
 
 
