@@ -144,8 +144,8 @@ def test_training_continues_against_a_misbehaving_verifier(tmp_path, model_dir):
     the run finishes, failures are retried then dropped as reward_error (counted, never scored 0),
     and every eval episode is accounted for."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "rewards.servers.verifier", "--port", "0", "--fail-rate", "0.25",
-         "--hang-rate", "0.05", "--garbage-rate", "0.05", "--hang-s", "3", "--seed", "1"],
+        [sys.executable, "-m", "rewards.servers.verifier", "--port", "0", "--fail-rate", "0.45",
+         "--hang-rate", "0.05", "--garbage-rate", "0.1", "--hang-s", "3", "--seed", "1"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().strip().rsplit(" ", 1)[-1] + "/verify"
@@ -171,7 +171,10 @@ train: {{steps: 4, save_model: false}}
     statuses = {k.rsplit("/", 1)[-1]: v for k, v in last.items() if k.startswith("reward/verifier/")}
     assert statuses.get("error", 0) + statuses.get("timeout", 0) > 0
     assert statuses["retries"] > 0 and statuses["ok"] > 0
-    assert last["episodes/reward_error"] > 0 and last["buffer/episodes_failed/reward_error"] > 0
+    # About 60% of attempts fail, so after both retry layers ~13% of episodes end as reward_error.
+    # The buffer counts an episode when its whole group is handed in, so it may lag the rollout's count.
+    assert last["episodes/reward_error"] > 0
+    assert 0 < last["buffer/episodes_failed/reward_error"] <= last["episodes/reward_error"]
     # Every attempt is counted: ok + error + timeout == scored episodes + retries (>= while the
     # last episodes are still being scored when the record is written).
     attempts = statuses["ok"] + statuses.get("error", 0) + statuses.get("timeout", 0)
