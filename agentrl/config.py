@@ -27,6 +27,8 @@ class DefaultModelConfig(_Base):
     """The embedded default model, built and warm-started locally when `model.path` is unset."""
 
     vocab_size: int = Field(384, ge=300, le=65536, description="BPE vocabulary size of the local tokenizer")
+    split_digits: bool = Field(False, description="one token per digit (numbers copied from a question into a "
+                                                  "tool call then read the same; for arithmetic tasks)")
     hidden_size: int = Field(128, ge=64, le=4096, multiple_of=64, description="width; head_dim is fixed at 64")
     intermediate_size: int = Field(384, ge=64, le=16384, description="MLP width")
     num_layers: int = Field(4, ge=1, le=48, description="transformer layers")
@@ -136,6 +138,21 @@ class AlgoConfig(_Base):
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of the KL(pi || reference) loss term; "
                                                                "> 0 builds a frozen reference engine")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator (GRPO uses k3)")
+    kl_mode: Literal["loss", "reward"] = Field(
+        "loss", description="loss: kl_coef * KL estimate added to the policy loss; reward: DeepSpeed-Chat's "
+                            "per-token reward -kl_coef * (log pi_old - log pi_ref), the sequence reward at the end")
+    kl_controller: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="adaptive: kl_coef follows Ziegler et al.'s controller towards kl_target")
+    kl_target: float = Field(6.0, gt=0, description="adaptive controller: target KL per sequence")
+    kl_horizon: int = Field(10000, ge=1, description="adaptive controller: horizon in episodes")
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip PPO constant c > 1 (None = off)")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount (gae)")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (gae)")
+    value_clip: float = Field(0.2, ge=0.0, description="critic value clipping around the old values (gae); 0 = off")
+    reward_clip: float | None = Field(None, gt=0, description="clamp episode rewards to [-c, c] (None = off)")
+    reward_norm: bool = Field(False, description="divide rewards by a running std over all batches, mean removed")
+    dynamic_filter: bool = Field(False, description="drop groups whose rewards are all equal and sample more "
+                                                    "until the batch is full (DAPO); the drop rate is a metric")
 
     @model_validator(mode="after")
     def _known_names(self) -> "AlgoConfig":
@@ -148,17 +165,72 @@ class AlgoConfig(_Base):
         return self
 
 
-class LearnerConfig(_Base):
-    """The DeepSpeed actor engine."""
+class LoraConfig(_Base):
+    """LoRA adapters through peft; rank 0 trains the full model."""
+
+    rank: int = Field(0, ge=0, le=1024, description="adapter rank; 0 = LoRA off")
+    alpha: float = Field(16.0, gt=0, description="scaling numerator (the update is B @ A * alpha / rank)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter input")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      description="module names that get adapters")
+
+
+class OptimConfig(_Base):
+    """What every trained DeepSpeed engine (actor, critic) has: optimizer, schedule, memory options."""
 
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision")
-    lr: float = Field(3e-4, gt=0, le=1.0, description="actor learning rate")
+    lr: float = Field(3e-4, gt=0, le=1.0, description="peak learning rate")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
     grad_clip: float = Field(1.0, gt=0, description="gradient norm clip")
+    scheduler: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate schedule after warmup (decay to min_lr_ratio * lr at the end)")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup from 0")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="final lr / peak lr for linear and cosine")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward (less memory)")
+    offload_optimizer: bool = Field(False, description="ZeRO optimizer state on CPU (needs zero_stage >= 1)")
+    offload_params: bool = Field(False, description="ZeRO-3 parameters on CPU (needs zero_stage 3)")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapters (rank 0 = off)")
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> "OptimConfig":
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("offload_optimizer needs zero_stage >= 1")
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError("offload_params needs zero_stage 3")
+        return self
+
+
+class LearnerConfig(OptimConfig):
+    """The DeepSpeed actor engine, its frozen reference and the actor-only training options."""
+
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision")
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (gradient accumulation)")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per batch (each bumps the version)")
     num_threads: int = Field(1, ge=1, le=256, description="torch threads for the learner")
+    reference_offload: bool = Field(False, description="keep the frozen reference's parameters on CPU (ZeRO-3)")
+    ema_decay: float = Field(0.0, ge=0.0, lt=1.0, description="actor EMA decay; > 0 keeps an EMA, which is "
+                                                               "what gets saved")
+    freeze_actor_steps: int = Field(0, ge=0, description="the critic trains alone for this many learner steps")
+    unsup_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of the LM loss on unsup_data "
+                                                                  "(DeepSpeed-Chat's unsup_coef); 0 = off")
+    unsup_data: str | None = Field(None, description="text dataset for the LM loss: .txt (one text per line) "
+                                                     "or .jsonl with a 'text' field")
+    unsup_batch_size: int = Field(4, ge=1, description="texts per LM-loss micro-step")
+
+    @model_validator(mode="after")
+    def _unsup_needs_data(self) -> "LearnerConfig":
+        if self.unsup_coef > 0 and not self.unsup_data:
+            raise ValueError("learner.unsup_coef > 0 needs learner.unsup_data (a .txt or .jsonl file)")
+        return self
+
+
+class CriticConfig(OptimConfig):
+    """The value model of PPO with GAE (built only when algo.advantage is 'gae')."""
+
+    init_from: str = Field("actor", description="'actor' (the policy's weights, new value head), "
+                                                "'reward_model' (the first reward_model source: body and score "
+                                                "head, as DeepSpeed-Chat does), or a model folder")
+    lr: float = Field(1e-3, gt=0, le=1.0, description="critic learning rate")
 
 
 class WeightSyncConfig(_Base):
@@ -236,6 +308,7 @@ class Config(_Base):
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="batching and the staleness bound")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="advantages, loss, off-policy correction")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the DeepSpeed actor")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="the value model (algo.advantage gae)")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="learner -> engine pushes")
     train: TrainConfig = Field(default_factory=TrainConfig, description="loop length, evals and outputs")
 
@@ -244,6 +317,9 @@ class Config(_Base):
         if self.buffer.batch_size % self.rollout.n_samples:
             raise ValueError(f"buffer.batch_size={self.buffer.batch_size} must be a multiple of "
                              f"rollout.n_samples={self.rollout.n_samples} (whole groups per batch)")
+        if self.algo.advantage == "gae" and self.critic.init_from == "reward_model" and not any(
+                s.type == "reward_model" for s in self.rewards.sources):
+            raise ValueError("critic.init_from=reward_model needs a rewards source of type reward_model")
         return self
 
 

@@ -56,3 +56,46 @@ def task_stream(tasks: list[Task], seed: int) -> Iterator[Task]:
     while True:
         rng.shuffle(order)
         yield from order
+
+
+def read_texts(path: str | Path) -> list[str]:
+    """Unsupervised text: a .txt file (one text per line) or .jsonl with a "text" field."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"text file {path} does not exist")
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        texts = []
+        for lineno, line in enumerate(lines, 1):
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"{path}:{lineno}: expected an object with a string 'text' field")
+            texts.append(row["text"])
+        lines = texts
+    elif path.suffix != ".txt":
+        raise ValueError(f"{path}: text files must be .txt or .jsonl")
+    if not lines:
+        raise ValueError(f"{path}: no texts")
+    return lines
+
+
+def lm_batches(path: str | Path, tokenizer: Any, batch_size: int, max_len: int, seed: int) -> Iterator[tuple]:
+    """Endless (input_ids, attention_mask) batches of right-padded texts, reshuffled every epoch, for the
+    learner's unsupervised LM loss."""
+    import torch
+
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"][:max_len] for text in read_texts(path)]
+    rows = [r for r in rows if len(r) >= 2]
+    if not rows:
+        raise ValueError(f"{path}: every text is shorter than 2 tokens")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    stream = task_stream(rows, seed)
+    while True:
+        batch = [next(stream) for _ in range(batch_size)]
+        T = max(len(r) for r in batch)
+        ids = torch.full((len(batch), T), pad, dtype=torch.long)
+        attn = torch.zeros((len(batch), T), dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, :len(r)] = torch.tensor(r)
+            attn[i, :len(r)] = 1
+        yield ids, attn

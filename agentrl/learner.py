@@ -1,5 +1,5 @@
-"""DeepSpeed actor engine: proximal logprobs, policy-loss steps, weight snapshots. No RL math here:
-advantages and losses come from `agentrl.algo` registries chosen by config.
+"""The learner: wires the DeepSpeed engines (actor, reference, critic, EMA; built in `agentrl.models`)
+to the RL math of `agentrl.algo`, whose registries config picks. No RL math here.
 
 Runs in one process with gloo on CPU (or on CUDA when present). `step` is synchronous and is
 called from a worker thread so the event loop keeps generating while the learner works.
@@ -13,12 +13,16 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
-from agentrl.algo import (POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, aggregate, correction_metrics,
-                          importance_weights, kl_estimate, masked_mean)
-from agentrl.config import AlgoConfig, LearnerConfig
+from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
+                          aggregate, clip_rewards, correction_metrics, importance_weights, kl_estimate,
+                          kl_penalized_token_rewards, make_kl_controller, masked_mean, value_loss)
+from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
+from agentrl.ema import ModelEMA
+from agentrl.models import eval_engine, load_causal_lm, load_value_model, trained_engine
 from agentrl.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -72,49 +76,58 @@ class StepMetrics:
 
 
 class Learner:
-    def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, temperature: float,
-                 batch_size: int) -> None:
-        import deepspeed
-        from transformers import AutoModelForCausalLM
+    """The actor engine, plus the frozen reference (kl_coef > 0), the critic (advantage 'gae'), an EMA
+    of the actor (ema_decay > 0) and the unsupervised LM loss (unsup_coef > 0), as configured."""
 
+    def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, temperature: float,
+                 batch_size: int, critic: CriticConfig | None = None, critic_path: str | None = None,
+                 total_steps: int = 1, unsup_batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 ) -> None:
+        """`critic_path`: the folder the critic starts from (needed when algo.advantage is 'gae').
+        `total_steps`: learner batches of the run, for the lr schedules. `unsup_batches`: (input_ids,
+        attention_mask) batches of text for the LM loss (`agentrl.data.lm_batches`)."""
         torch.set_num_threads(cfg.num_threads)
         init_single_process_dist()
+        if cfg.ema_decay > 0 and cfg.lora.rank > 0:
+            raise ValueError("learner.ema_decay with learner.lora.rank > 0 is not supported: the EMA tracks "
+                             "full weights; use one or the other")
+        if cfg.unsup_coef > 0 and unsup_batches is None:
+            raise ValueError("learner.unsup_coef > 0 needs unsup_batches (learner.unsup_data)")
         self.cfg, self.algo, self.temperature = cfg, algo, temperature
-        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        bf16 = cfg.dtype == "bfloat16"
         rows_per_mini = math.ceil(batch_size / cfg.mini_batches)
         self.micro_per_mini = math.ceil(rows_per_mini / cfg.micro_batch_size)
-        ds_config = {
-            "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-            "gradient_accumulation_steps": self.micro_per_mini,
-            "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage, "stage3_param_persistence_threshold": 0},
-            "bf16": {"enabled": dtype == torch.bfloat16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        optimizer_steps = max(total_steps, 1) * cfg.mini_batches
+        self.model_path = model_path
+        self.engine = trained_engine(load_causal_lm(model_path, cfg), cfg, cfg.micro_batch_size,
+                                     self.micro_per_mini, bf16, optimizer_steps)
         self.device = self.engine.device
-        self.reference = self._build_reference(model_path, ds_config) if algo.kl_coef > 0 else None
+        self.reference = None
+        if algo.kl_coef > 0:
+            from transformers import AutoModelForCausalLM
+
+            ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+            self.reference = eval_engine(ref, cfg, cfg.micro_batch_size, cfg.reference_offload)
+        self.critic = None
+        if algo.advantage == "gae":
+            if critic is None or critic_path is None:
+                raise ValueError("algo.advantage 'gae' needs a critic (critic config and critic_path)")
+            self.critic_cfg = critic
+            self.critic = trained_engine(load_value_model(critic_path, critic), critic, cfg.micro_batch_size,
+                                         self.micro_per_mini, bf16, optimizer_steps)
+        self.ema = ModelEMA(self.engine.module, cfg.ema_decay, zero3=cfg.zero_stage == 3) if cfg.ema_decay else None
+        self.unsup_batches = unsup_batches
+        self.kl_ctl = make_kl_controller(algo.kl_controller, algo.kl_coef, algo.kl_target, algo.kl_horizon)
+        self.reward_moments = RunningMoments()
         self.loss_cfg = PolicyLossConfig(
-            clip_low=algo.clip_low, clip_high=algo.clip_high, correction=algo.correction,
+            clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip, correction=algo.correction,
             correction_level=algo.correction_level, is_low=algo.is_low, is_high=algo.is_high,
             agg=algo.agg, entropy_coef=algo.entropy_coef)
         self.loss_fn = POLICY_LOSSES[algo.policy_loss]
-        self.version = 0
+        self.version = 0  # actor optimizer steps (also counted while the actor is frozen: pushes stay ordered)
+        self.batches_seen = 0
 
-    @staticmethod
-    def _build_reference(model_path: str, actor_ds_config: dict):
-        """Frozen copy of the starting weights in an eval-only engine: ZeRO-3 if the actor is, else 0."""
-        import deepspeed
-        from transformers import AutoModelForCausalLM
-
-        ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().requires_grad_(False)
-        stage = 3 if actor_ds_config["zero_optimization"]["stage"] == 3 else 0
-        config = {**actor_ds_config, "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
-        engine, *_ = deepspeed.initialize(model=ref, config=config)
-        return engine
+    # -- forward passes ---------------------------------------------------------------------------
 
     def _forward_logprobs(self, batch: TrainBatch, rows: slice, engine=None) -> torch.Tensor:
         ids = batch.input_ids[rows].to(self.device)
@@ -122,13 +135,58 @@ class Learner:
         logits = (engine or self.engine)(input_ids=ids, attention_mask=attn).logits
         return token_logprobs(logits, ids, self.temperature)
 
+    def _forward_values(self, batch: TrainBatch, rows: slice) -> torch.Tensor:
+        """(B, T) V(s_t): the value of the state before token t, read at position t - 1."""
+        ids = batch.input_ids[rows].to(self.device)
+        values = self.critic(input_ids=ids, attention_mask=batch.attention_mask[rows].to(self.device))
+        return torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1).float()
+
     @torch.no_grad()
+    def _over_micro_batches(self, batch: TrainBatch, fn) -> torch.Tensor:
+        out = [fn(batch, slice(i, i + self.cfg.micro_batch_size)).cpu()
+               for i in range(0, batch.size, self.cfg.micro_batch_size)]
+        return torch.cat(out) * batch.loss_mask
+
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """(B, T) log pi_theta for the current weights, computed in micro-batches."""
         self.engine.eval()
-        out = [self._forward_logprobs(batch, slice(i, i + self.cfg.micro_batch_size)).cpu()
-               for i in range(0, batch.size, self.cfg.micro_batch_size)]
-        return torch.cat(out) * batch.loss_mask
+        return self._over_micro_batches(batch, self._forward_logprobs)
+
+    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        return self._over_micro_batches(batch, lambda b, rows: self._forward_logprobs(b, rows, self.reference))
+
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        self.critic.eval()
+        return self._over_micro_batches(batch, self._forward_values)
+
+    # -- advantages -------------------------------------------------------------------------------
+
+    def advantages(self, batch: TrainBatch, old_logp: torch.Tensor, ref_logp: torch.Tensor | None,
+                   values: torch.Tensor | None) -> dict[str, float]:
+        """Fill batch.advantages (and batch.returns for the critic): rewards clipped, normalised, KL-
+        penalised as configured, then the configured estimator. Returns reward/KL metrics."""
+        algo, mask = self.algo, batch.loss_mask
+        rewards = clip_rewards(batch.rewards, algo.reward_clip)
+        if algo.reward_norm:
+            self.reward_moments.update(rewards)
+            rewards = self.reward_moments.normalize(rewards).float()
+        token_rewards, metrics = None, {"reward_shaped_mean": float(rewards.mean())}
+        if ref_logp is not None:
+            kl_BT = torch.where(mask > 0, old_logp - ref_logp, 0.0)
+            seq_kl = float(kl_BT.sum(-1).mean())
+            metrics.update(kl_seq_k1=seq_kl, kl_coef=self.kl_ctl.value)
+            if algo.kl_mode == "reward":
+                token_rewards, _ = kl_penalized_token_rewards(rewards, old_logp, ref_logp, mask, self.kl_ctl.value)
+                if algo.advantage != "gae":  # scalar estimators see the episode's total shaped reward
+                    rewards = token_rewards.sum(-1)
+            self.kl_ctl.update(seq_kl, batch.size)
+        out = ADVANTAGES[algo.advantage](AdvantageInputs(
+            rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask, values_BT=values,
+            token_rewards_BT=token_rewards, gamma=algo.gamma, lam=algo.lam))
+        batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
+        return metrics
+
+    # -- training ---------------------------------------------------------------------------------
 
     def _micro_slices(self, rows: range) -> list[slice]:
         """Exactly `micro_per_mini` slices (DeepSpeed counts micro-steps for accumulation); empty ones are skipped."""
@@ -136,7 +194,8 @@ class Learner:
         return [slice(rows.start + k * size, min(rows.start + (k + 1) * size, rows.stop))
                 for k in range(self.micro_per_mini)]
 
-    def _micro_step(self, batch: TrainBatch, rows: slice, old_logp: torch.Tensor, weight: float):
+    def _actor_micro_step(self, batch: TrainBatch, rows: slice, old_logp: torch.Tensor,
+                          ref_logp: torch.Tensor | None, weight: float):
         logp = self._forward_logprobs(batch, rows)
         mask = batch.loss_mask[rows].to(self.device)
         inputs = PolicyLossInputs(
@@ -144,16 +203,56 @@ class Learner:
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
             advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask)
         loss, metrics = self.loss_fn(inputs, self.loss_cfg)
-        if self.reference is not None:
-            with torch.no_grad():
-                ref_logp = self._forward_logprobs(batch, rows, self.reference)
-            kl_BT = kl_estimate(inputs.logp_BT, ref_logp * mask, self.algo.kl_estimator)
-            loss = loss + self.algo.kl_coef * aggregate(kl_BT, mask, self.algo.agg)
+        if ref_logp is not None and self.algo.kl_mode == "loss":
+            kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl_estimator)
+            loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
             metrics = {**metrics, "kl_ref": float(masked_mean(kl_BT.detach(), mask))}
         # DeepSpeed would divide by the accumulation steps; we weight each micro-batch by its share
         # of the mini-batch's tokens (or rows) instead, so ragged micro-batches aggregate exactly.
-        self.engine.backward(loss * weight, scale_wrt_gas=False)
-        return loss.item() * weight, metrics
+        loss = loss * weight
+        if self.cfg.unsup_coef > 0:
+            lm_loss = self._unsup_loss()
+            loss = loss + self.cfg.unsup_coef * lm_loss / self.micro_per_mini
+            metrics = {**metrics, "unsup_loss": float(lm_loss.detach())}
+        self.engine.backward(loss, scale_wrt_gas=False)
+        return loss.item(), metrics
+
+    def _unsup_loss(self) -> torch.Tensor:
+        """Next-token cross-entropy on the next batch of unsupervised text (DeepSpeed-Chat's ptx loss)."""
+        ids, attn = (t.to(self.device) for t in next(self.unsup_batches))
+        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        target = ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+    def _critic_micro_step(self, batch: TrainBatch, rows: slice, old_values: torch.Tensor, weight: float):
+        values = self._forward_values(batch, rows)
+        mask = batch.loss_mask[rows].to(self.device)
+        clip = self.algo.value_clip or None
+        loss, metrics = value_loss(values * mask, old_values[rows].to(self.device), batch.returns[rows].to(self.device),
+                                   mask, clip=clip, agg="token_mean")
+        self.critic.backward(loss * weight, scale_wrt_gas=False)
+        return loss.item() * weight, {**metrics, "value_mean": float(masked_mean(values.detach(), mask))}
+
+    def _train_engine(self, engine, zero_stage: int, batch: TrainBatch, rows: range, micro_step) -> tuple[float, float, list]:
+        """One optimizer step of `engine` over `rows`: exactly `micro_per_mini` backward/step calls."""
+        by_tokens = self.algo.agg == "token_mean" or engine is self.critic
+        total = float(batch.loss_mask[rows.start:rows.stop].sum()) if by_tokens else float(len(rows))
+        loss_sum, metric_rows, grad_norm = 0.0, [], float("nan")
+        slices = self._micro_slices(rows)
+        for k, sl in enumerate(slices):
+            n = float(batch.loss_mask[sl].sum()) if by_tokens else float(sl.stop - sl.start)
+            if sl.stop <= sl.start or n == 0:
+                engine.backward(_zero_loss(engine.module), scale_wrt_gas=False)
+            else:
+                loss_val, metrics = micro_step(sl, n / max(total, 1.0))
+                loss_sum += loss_val
+                metric_rows.append((n, metrics))
+            if k == len(slices) - 1 and zero_stage == 0:
+                grad_norm = _local_grad_norm(engine.module)  # DeepSpeed records it only for ZeRO >= 1
+            engine.step()
+        if zero_stage > 0:
+            grad_norm = float(engine.get_global_grad_norm() or float("nan"))
+        return loss_sum, grad_norm, metric_rows
 
     def staleness_metrics(self, batch: TrainBatch, old_logp: torch.Tensor) -> dict[str, float]:
         """Correction diagnostics per staleness bucket (learner version minus token version), e.g.
@@ -171,67 +270,83 @@ class Learner:
         return out
 
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
-        """Train on one batch: recompute pi_prox, then `mini_batches` optimizer steps.
-        Returns one StepMetrics per optimizer step; `self.version` counts optimizer steps."""
+        """Train on one batch: recompute pi_prox (decoupled), reference logprobs and values as needed,
+        compute advantages unless the batch has them, then `mini_batches` optimizer steps of the actor
+        (skipped during `freeze_actor_steps`) and of the critic. One StepMetrics per optimizer step."""
         old_logp = self.logprobs(batch) if self.algo.mode == "decoupled" else batch.behav_logprobs
+        ref_logp = self.reference_logprobs(batch) if self.reference is not None else None
+        old_values = self.values(batch) if self.critic is not None else None
+        shaped = {}
+        if batch.advantages is None:
+            shaped = self.advantages(batch, old_logp, ref_logp, old_values)
         buckets = self.staleness_metrics(batch, old_logp)
-        self.engine.train()
+        actor_trains = self.batches_seen >= self.cfg.freeze_actor_steps
+        self.batches_seen += 1
         results = []
         per_mini = math.ceil(batch.size / self.cfg.mini_batches)
         for start in range(0, batch.size, per_mini):
             t0 = time.perf_counter()
             rows = range(start, min(start + per_mini, batch.size))
-            slices = self._micro_slices(rows)
-            by_tokens = self.algo.agg == "token_mean"
-            total = float(batch.loss_mask[start:rows.stop].sum()) if by_tokens else float(len(rows))
-            loss_sum, metric_rows = 0.0, []
-            grad_norm = float("nan")
-            for k, sl in enumerate(slices):
-                n = float(batch.loss_mask[sl].sum()) if by_tokens else float(sl.stop - sl.start)
-                if sl.stop <= sl.start or n == 0:
-                    self.engine.backward(self._zero_loss(), scale_wrt_gas=False)
-                else:
-                    loss_val, metrics = self._micro_step(batch, sl, old_logp, n / max(total, 1.0))
-                    loss_sum += loss_val
-                    metric_rows.append((n, metrics))
-                if k == len(slices) - 1 and self.cfg.zero_stage == 0:
-                    grad_norm = self._local_grad_norm()  # DeepSpeed records it only for ZeRO >= 1
-                self.engine.step()
-            if self.cfg.zero_stage > 0:
-                grad_norm = float(self.engine.get_global_grad_norm() or float("nan"))
+            loss, grad_norm, metric_rows = 0.0, float("nan"), []
+            if actor_trains:
+                self.engine.train()
+                loss, grad_norm, metric_rows = self._train_engine(
+                    self.engine, self.cfg.zero_stage, batch, rows,
+                    lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w))
+                if self.ema is not None:
+                    self.ema.update(self.engine.module)
+            extra = {**shaped, "actor_frozen": float(not actor_trains)}
+            if self.critic is not None:
+                self.critic.train()
+                vf_loss, vf_norm, vf_rows = self._train_engine(
+                    self.critic, self.critic_cfg.zero_stage, batch, rows,
+                    lambda sl, w: self._critic_micro_step(batch, sl, old_values, w))
+                extra.update({f"critic/{k}": v for k, v in _weighted(vf_rows).items()})
+                extra.update({"critic/loss": vf_loss, "critic/grad_norm": vf_norm})
             self.version += 1
             results.append(StepMetrics(
-                loss=loss_sum, grad_norm=grad_norm,
+                loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
-                n_tokens=int(batch.loss_mask[start:rows.stop].sum()), policy={**_weighted(metric_rows), **buckets}))
+                n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
+                policy={**_weighted(metric_rows), **buckets, **extra}))
         return results
 
-    def _local_grad_norm(self) -> float:
-        grads = [p.grad.detach().float() for p in self.engine.module.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
-
-    def _zero_loss(self) -> torch.Tensor:
-        """A loss of exactly 0 that still touches every parameter, for an empty micro-step."""
-        return sum(p.sum() * 0.0 for p in self.engine.module.parameters())
+    # -- weights out ------------------------------------------------------------------------------
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
-        """Full float32 weights on CPU (gathered under ZeRO-3). A tied lm_head is sent as its own copy:
-        vLLM's in-place reload keeps the old head if it is left out."""
-        import deepspeed
-
-        module = self.engine.module
-        params = list(module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.cfg.zero_stage == 3):
-            sd = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in module.state_dict().items()}
-        return sd
-
-    def save(self, out_dir: str, tokenizer) -> None:
+        """Full float32 weights on CPU (gathered under ZeRO-3; LoRA merged, keyed like the base model).
+        A tied lm_head is sent as its own copy: vLLM's in-place reload keeps the old head if it is left out."""
         import deepspeed
 
         module = self.engine.module
         with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.cfg.zero_stage == 3):
-            module.save_pretrained(out_dir, safe_serialization=True)
+            if self.cfg.lora.rank > 0:
+                from agentrl.lora import merged_state_dict
+
+                return merged_state_dict(module)
+            return {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in module.state_dict().items()}
+
+    def save(self, out_dir: str, tokenizer) -> None:
+        """The trained policy as a Hugging Face folder: the EMA when enabled, LoRA merged into full weights."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)  # config + template
+        if self.ema is not None:
+            self.ema.save_pretrained(model, out_dir, tokenizer)
+            return
+        model.load_state_dict(self.state_dict_cpu(), strict=False)
+        model.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
+
+
+def _local_grad_norm(module: torch.nn.Module) -> float:
+    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+
+
+def _zero_loss(module: torch.nn.Module) -> torch.Tensor:
+    """A loss of exactly 0 that still touches every trainable parameter, for an empty micro-step."""
+    return sum(p.sum() * 0.0 for p in module.parameters() if p.requires_grad)
 
 
 def _weighted(rows: list[tuple[float, dict[str, float]]]) -> dict[str, float]:

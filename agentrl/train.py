@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import torch
 
-from agentrl.algo import ADVANTAGES, AdvantageInputs
+from agentrl.algo import informative_groups
 from agentrl.buffer import BatchAssembly, BufferClosed, StalenessBuffer
 from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.config import Config, ConfigError, load_config
@@ -53,20 +53,21 @@ def score_episodes(episodes: list[Episode]) -> EvalResult:
     return result
 
 
-def make_train_batch(assembly: BatchAssembly, advantage: str, pad_id: int) -> TrainBatch:
-    episodes = assembly.episodes
-    batch = TrainBatch.from_episodes(episodes, torch.zeros(len(episodes)), pad_id)
-    out = ADVANTAGES[advantage](AdvantageInputs(
-        rewards_B=batch.rewards, group_ids_B=torch.tensor([e.group_id for e in episodes]), mask_BT=batch.loss_mask))
-    batch.advantages = out.advantages_BT
-    return batch
+def make_train_batch(assembly: BatchAssembly, pad_id: int) -> TrainBatch:
+    """Padded tensors; advantages are left to the learner, which holds the critic and reference."""
+    return TrainBatch.from_episodes(assembly.episodes, None, pad_id)
 
 
 class Producer:
     """Admits groups through the buffer and runs them on the pool until stopped."""
 
-    def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Iterator[dict], n: int) -> None:
+    def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Iterator[dict], n: int,
+                 dynamic_filter: bool = False) -> None:
+        """`dynamic_filter`: groups whose trainable episodes all got the same reward carry no group-
+        relative signal; they give their slot back and another group is sampled (DAPO)."""
         self.buffer, self.pool, self.tasks, self.n = buffer, pool, tasks, n
+        self.dynamic_filter = dynamic_filter
+        self.groups_finished = self.groups_filtered = 0
         self._jobs: set[asyncio.Task] = set()
         self._next_id = 0
 
@@ -83,8 +84,29 @@ class Producer:
 
     async def _group(self, task: dict, group_id: int, version: int) -> None:
         group = await self.pool.group(task, group_id, self.n, version)
-        if not self.buffer.closed:
-            self.buffer.put(group)
+        if self.buffer.closed:
+            return
+        self.groups_finished += 1
+        if self.dynamic_filter and not _informative(group.episodes):
+            self.groups_filtered += 1
+            self.buffer.release()
+            return
+        self.buffer.put(group)
+
+    def metrics(self) -> dict[str, float]:
+        if not self.dynamic_filter:
+            return {}
+        return {"filter/groups_dropped": self.groups_filtered,
+                "filter/drop_rate": self.groups_filtered / max(self.groups_finished, 1)}
+
+
+def _informative(episodes: list[Episode]) -> bool:
+    """Whether a group's trainable episodes have different rewards (a group-relative signal)."""
+    trainable = [e for e in episodes if e.trainable]
+    if len(trainable) < 2:
+        return False
+    rewards = torch.tensor([e.reward for e in trainable])
+    return bool(informative_groups(rewards, torch.zeros(len(trainable), dtype=torch.long)).any())
 
     async def stop(self) -> None:
         self.buffer.close()
@@ -123,14 +145,14 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
                      sink: MetricsSink, pad_id: int) -> dict[str, Any]:
     buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness)
     sync.on_pushed = buffer.set_engine_version
-    producer = Producer(buffer, pool, train_iter, cfg.rollout.n_samples)
+    producer = Producer(buffer, pool, train_iter, cfg.rollout.n_samples, cfg.algo.dynamic_filter)
     producer_task = asyncio.create_task(producer.run())
     window = {"tokens": pool.generated_tokens, "time": time.perf_counter()}
     max_stale_seen = 0
     try:
         for step in range(cfg.train.steps):
             assembly = await buffer.get_batch(learner.version)
-            batch = make_train_batch(assembly, cfg.algo.advantage, pad_id)
+            batch = make_train_batch(assembly, pad_id)
             # Checked again on the tensors the learner actually trains on, independently of the buffer.
             trained_staleness = learner.version - int(batch.versions[batch.loss_mask > 0].min())
             if trained_staleness > cfg.buffer.max_staleness:
@@ -142,6 +164,7 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
                 await sync.push(learner.version)
             rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
             rec["trained_staleness_max"] = trained_staleness
+            rec.update(producer.metrics())
             if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                 # Runs beside training episodes on whatever weights the engine serves right now.
                 rec["eval_score"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).score
@@ -154,6 +177,29 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
     pushes = await sync.drain()
     return {"max_staleness_seen": max_stale_seen, "buffer": buffer.stats(),
             "final_push_ok": all(p.ok for p in pushes)}
+
+
+def critic_init_path(cfg: Config, model_path: str) -> str:
+    """critic.init_from: 'actor', 'reward_model' (the first reward_model source's folder) or a folder."""
+    if cfg.critic.init_from == "actor":
+        return model_path
+    if cfg.critic.init_from == "reward_model":
+        source = next(s for s in cfg.rewards.sources if s.type == "reward_model")
+        return source.reward_model["path"]
+    return cfg.critic.init_from
+
+
+def build_learner(cfg: Config, model_path: str, tokenizer):
+    from agentrl.data import lm_batches
+    from agentrl.learner import Learner
+
+    unsup = None
+    if cfg.learner.unsup_coef > 0:
+        unsup = lm_batches(cfg.learner.unsup_data, tokenizer, cfg.learner.unsup_batch_size,
+                           cfg.engine.max_model_len, cfg.train.seed)
+    critic_path = critic_init_path(cfg, model_path) if cfg.algo.advantage == "gae" else None
+    return Learner(model_path, cfg.learner, cfg.algo, cfg.rollout.temperature, cfg.buffer.batch_size,
+                   critic=cfg.critic, critic_path=critic_path, total_steps=cfg.train.steps, unsup_batches=unsup)
 
 
 def resolve_model(cfg: Config) -> str:
@@ -169,7 +215,6 @@ async def run(cfg: Config) -> dict[str, Any]:
     from agentrl.data import load_tasks, task_stream
     from agentrl.engine import Engine
     from agentrl.env import load_env
-    from agentrl.learner import Learner
     from agentrl.weight_sync import EngineWeightSync
     from rewards.sources import RewardCombiner
 
@@ -183,8 +228,7 @@ async def run(cfg: Config) -> dict[str, Any]:
     scorer = RewardCombiner(cfg.rewards)
     engine = Engine.start(model_path, cfg.engine, fmt.eos_id)
     try:
-        learner = await asyncio.to_thread(Learner, model_path, cfg.learner, cfg.algo, cfg.rollout.temperature,
-                                          cfg.buffer.batch_size)
+        learner = await asyncio.to_thread(build_learner, cfg, model_path, tokenizer)
         spec = EpisodeSpec(env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
         pool = RolloutPool(engine, spec, scorer)
         summary: dict[str, Any] = {"model": model_path, "config": cfg.model_dump()}
@@ -228,7 +272,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         lines.append(f"improvement                     : {after['score'] - before['score']:+.3f}")
     for label, res in (("warm start", before), ("after RL  ", after)):
         if res and res.get("tool_call_success_rate") is not None:
-            lines.append(f"tool-call success, {label}    : {res['tool_call_success_rate']:.3f}")
+            lines.append(f"tool-call success, {label}   : {res['tool_call_success_rate']:.3f}")
     train = summary.get("train", {})
     lines.append(f"max staleness trained           : {train.get('max_staleness_seen')}")
     lines.append(f"RL time {train.get('seconds', 0):.0f}s, total wall time {summary.get('wall_s', 0):.0f}s")

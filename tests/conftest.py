@@ -16,3 +16,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory):
     """A byte-level BPE tokenizer with the ChatML-style chat template (EOS = <|im_end|>)."""
     return build_tokenizer(DefaultModelConfig(), tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer) -> str:
+    """A one-layer model of the embedded default's architecture (untrained), saved as a Hugging Face folder."""
+    from agentrl.default_model import build_model
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    model = build_model(DefaultModelConfig(num_layers=1, intermediate_size=128), tiny_tokenizer, out)
+    model.save_pretrained(out)
+    tiny_tokenizer.save_pretrained(out)
+    return str(out)

@@ -8,19 +8,8 @@ import math
 import pytest
 import torch
 
-from agentrl.config import AlgoConfig, DefaultModelConfig, LearnerConfig
+from agentrl.config import AlgoConfig, LearnerConfig
 from agentrl.types import Episode, TrainBatch
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory, tiny_tokenizer) -> str:
-    from agentrl.default_model import build_model
-
-    out = tmp_path_factory.mktemp("tiny-model")
-    model = build_model(DefaultModelConfig(num_layers=1, intermediate_size=128), tiny_tokenizer, out)
-    model.save_pretrained(out)
-    tiny_tokenizer.save_pretrained(out)
-    return str(out)
 
 
 def make_batch(learner, log_w: float, adv: float = 1.0) -> TrainBatch:
