@@ -93,6 +93,12 @@ class Producer:
             return
         self.buffer.put(group)
 
+    async def stop(self) -> None:
+        self.buffer.close()
+        for job in list(self._jobs):
+            job.cancel()
+        await asyncio.gather(*self._jobs, return_exceptions=True)
+
     def metrics(self) -> dict[str, float]:
         if not self.dynamic_filter:
             return {}
@@ -107,12 +113,6 @@ def _informative(episodes: list[Episode]) -> bool:
         return False
     rewards = torch.tensor([e.reward for e in trainable])
     return bool(informative_groups(rewards, torch.zeros(len(trainable), dtype=torch.long)).any())
-
-    async def stop(self) -> None:
-        self.buffer.close()
-        for job in list(self._jobs):
-            job.cancel()
-        await asyncio.gather(*self._jobs, return_exceptions=True)
 
 
 def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list, pool: RolloutPool,
