@@ -40,7 +40,9 @@ class StepResult:
     observation: Observation | None = None  # next messages for the model; None or [] when done
     reward: float = 0.0  # summed over the episode's steps into Episode.reward
     done: bool = False
-    info: dict[str, Any] = field(default_factory=dict)  # "success": bool feeds the success-rate metric
+    # "success": bool feeds the success-rate metric, "tool_success": bool the tool-call success rate;
+    # rollout keeps the latest value of every key in Episode.info["env"].
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 class Env(ABC):

@@ -31,6 +31,9 @@ def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # One INFO line per HTTP request (verifier, tool calls) would drown the training log.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 
 def _clean(value: Any) -> Any:

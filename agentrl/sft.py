@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 import random
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -52,13 +55,46 @@ def _batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_i
         yield ids, attn, labels
 
 
-def warm_start(model: Any, tokenizer: Any, cfg: DefaultModelConfig) -> float:
-    """Train `model` in place on imperfect demonstrations; returns the final loss."""
-    from envs.guess_number import GuessNumberEnv, demonstration
+TaskMaker = Callable[[int, int, str], list[dict[str, Any]]]  # (n, seed, split) -> tasks
+Demonstration = Callable[[dict[str, Any], random.Random, float], list[Message]]  # (task, rng, optimal_prob)
 
+
+def demo_source(task: str) -> tuple[TaskMaker, Demonstration]:
+    """The warm-start task's generator and teacher: `envs.<task>.demo_tasks` and `.demonstration`."""
+    module = importlib.import_module(f"envs.{task}")
+    return module.demo_tasks, module.demonstration
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota if one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def warm_start(model: Any, tokenizer: Any, cfg: DefaultModelConfig) -> float:
+    """Train `model` in place on imperfect demonstrations of `cfg.task`; returns the final loss.
+
+    Torch threads are capped at the usable cores meanwhile: more OpenMP threads than cores spin
+    against each other and slowed this step 25x under contention."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(threads, usable_cores())))
+    try:
+        return _train(model, tokenizer, cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(model: Any, tokenizer: Any, cfg: DefaultModelConfig) -> float:
+    make_tasks, demonstration = demo_source(cfg.task)
     rng = random.Random(cfg.seed)
     fmt = ChatFormat(tokenizer)
-    tasks = GuessNumberEnv.make_tasks(cfg.sft_demos, cfg.seed, "demo")
+    tasks = make_tasks(cfg.sft_demos, cfg.seed, "demo")
     examples = [ledger_from_messages(fmt, demonstration(t, rng, cfg.demo_optimal_prob)) for t in tasks]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.sft_lr, total_steps=cfg.sft_steps, pct_start=0.1)

@@ -123,12 +123,19 @@ class ToolCallStats:
     tool_call_turns: int = 0  # turns that attempted a call
     tool_parse_errors: int = 0  # turns whose attempted call could not be parsed
     episodes_without_tool_call: int = 0  # episodes in which no call was parsed
+    episodes_reporting_success: int = 0  # episodes whose env reported info["tool_success"]
+    episodes_with_tool_success: int = 0  # ... as true: a call the tool server executed without error
 
     def add_episode(self, episode: Any) -> None:
-        """Count an `agentrl.types.Episode` (its `turns` and the `info` keys of `record_tool_turn`)."""
+        """Count an `agentrl.types.Episode` (its `turns`, the `info` keys of `record_tool_turn`, and
+        `info["env"]["tool_success"]` where the env reports it)."""
         if not episode.turns:
             return
         calls = int(episode.info.get("tool_calls", 0))
+        env_info = episode.info.get("env", {})
+        if "tool_success" in env_info:
+            self.episodes_reporting_success += 1
+            self.episodes_with_tool_success += bool(env_info["tool_success"])
         self.episodes += 1
         self.turns += len(episode.turns)
         self.tool_calls += calls
@@ -140,7 +147,7 @@ class ToolCallStats:
         self.__init__()  # type: ignore[misc]
 
     def metrics(self) -> dict[str, float]:
-        """Counts plus the three rates; a rate with nothing to divide by is NaN (null in metrics.jsonl)."""
+        """Counts plus the rates; a rate with nothing to divide by is NaN (null in metrics.jsonl)."""
 
         def ratio(a: int, b: int) -> float:
             return a / b if b else math.nan
@@ -151,4 +158,5 @@ class ToolCallStats:
             "tools/calls_per_turn": ratio(self.tool_calls, self.turns),
             "tools/parse_failure_rate": ratio(self.tool_parse_errors, self.tool_call_turns),
             "tools/no_call_episode_frac": ratio(self.episodes_without_tool_call, self.episodes),
+            "tools/call_success_rate": ratio(self.episodes_with_tool_success, self.episodes_reporting_success),
         }

@@ -50,6 +50,11 @@ class GuessNumberEnv(Env):
                 for i in range(n)]
 
 
+def demo_tasks(n: int, seed: int, split: str) -> list[dict[str, Any]]:
+    """Tasks for the embedded default model's warm start (`model.default.task: guess_number`)."""
+    return GuessNumberEnv.make_tasks(n, seed, split)
+
+
 def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float,
                   max_turns: int = 4) -> list[Message]:
     """A teacher episode: each guess is the bisection midpoint with probability `optimal_prob`,
@@ -69,3 +74,21 @@ def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float,
             hi = guess - 1
             messages.append({"role": "user", "content": "Lower."})
     return messages
+
+
+def preference_pairs(n: int, seed: int, split: str = "preferences",
+                     max_turns: int = 4) -> list[tuple[list[Message], list[Message]]]:
+    """`n` (chosen, rejected) episodes for reward-model training, one hidden number per pair: chosen
+    finds it (the env's reward 1), rejected runs out of turns (reward 0). Both are `demonstration`s
+    with a teacher strength drawn per attempt, sampled until each kind has turned up, so turn count
+    alone does not separate them: a chosen episode can also take all `max_turns` guesses.
+    The messages are what `rollout` records in `episode.messages`, which a reward model scores."""
+    rng = random.Random(f"{split}:{seed}:pairs")
+    pairs = []
+    for task in GuessNumberEnv.make_tasks(n, seed, split):
+        found: dict[bool, list[Message]] = {}
+        while len(found) < 2:
+            messages = demonstration(task, rng, rng.random(), max_turns)
+            found.setdefault(messages[-1]["content"] == str(task["target"]), messages)
+        pairs.append((found[True], found[False]))
+    return pairs

@@ -28,3 +28,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer) -> str:
     model.save_pretrained(out)
     tiny_tokenizer.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The embedded default model with a short warm start (shared by the end-to-end tests)."""
+    from agentrl.default_model import ensure_default_model
+
+    cfg = DefaultModelConfig(sft_steps=40, sft_demos=400, cache_dir=str(tmp_path_factory.mktemp("models")))
+    return str(ensure_default_model(cfg))

@@ -20,15 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory) -> str:
-    from agentrl.config import DefaultModelConfig
-    from agentrl.default_model import ensure_default_model
-
-    cfg = DefaultModelConfig(sft_steps=40, sft_demos=400, cache_dir=str(tmp_path_factory.mktemp("models")))
-    return str(ensure_default_model(cfg))
-
-
 def run_cli(tmp_path: Path, model_dir: str, *args: str) -> dict:
     """Run `python -m agentrl.train` as a user would; return summary + metrics records."""
     out = tmp_path / "run"

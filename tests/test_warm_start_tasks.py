@@ -1,0 +1,138 @@
+"""Warm-start tasks of the embedded default model: the calculator teacher writes exactly what
+CalculatorEnv produces against the reference tool server, the guess_number cache key is unchanged,
+and tool-call success is counted per episode, in the pool's step metrics and in the eval summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+from fake_engine import ScriptedEngine
+
+from agentrl.chat import ChatFormat
+from agentrl.config import DefaultModelConfig, RolloutConfig
+from agentrl.default_model import _key, build_tokenizer
+from agentrl.remote_tools import aclose_shared
+from agentrl.rollout import EpisodeSpec, RolloutPool
+from agentrl.sft import demo_source, ledger_from_messages
+from agentrl.train import EvalResult, print_summary, score_episodes
+from agentrl.types import Episode
+from envs.calculator import DEMO_TASK_KWARGS, CalculatorEnv, demo_tasks, demonstration
+from rewards.servers import serve
+from rewards.servers.tools import make_app
+
+
+def test_default_cache_key_is_unchanged_by_the_new_settings():
+    assert _key(DefaultModelConfig()) == "78c592adc323"  # the key before `task` / `split_digits` existed
+    keys = {_key(DefaultModelConfig(task="calculator")), _key(DefaultModelConfig(split_digits=True)),
+            _key(DefaultModelConfig(task="calculator", split_digits=True)), _key(DefaultModelConfig())}
+    assert len(keys) == 4
+    assert demo_source("guess_number")[0](3, 0, "demo") == demo_source("guess_number")[0](3, 0, "demo")
+
+
+def test_calculator_demonstrations_are_imperfect_in_the_documented_proportions():
+    rng = random.Random(0)
+    kinds = Counter()
+    for task in demo_tasks(2000, 0, "demo"):
+        msgs = demonstration(task, rng, 0.4)
+        assert msgs[0] == {"role": "system", "content": "Tools: calculator, lookup."}
+        assert msgs[1]["content"] == f"What is {task['a']} {task['op']} {task['b']}?"
+        if len(msgs) == 3:
+            kinds["skip"] += 1
+        elif msgs[3]["content"].startswith("error:"):
+            kinds["syntax"] += 1
+        elif msgs[4]["content"] == str(task["answer"]):
+            kinds["tool"] += 1
+        else:
+            kinds["miscopy"] += 1
+            assert msgs[4]["content"] == msgs[3]["content"]  # the wrong result is copied faithfully
+    assert kinds.keys() == {"tool", "skip", "miscopy", "syntax"}
+    assert abs(kinds["tool"] / 2000 - 0.4) < 0.04 and abs(kinds["skip"] / 2000 - 0.3) < 0.04
+    assert all(10 <= t["a"] <= 99 and 10 <= t["b"] <= 99 for t in demo_tasks(200, 0, "demo"))
+
+
+def test_calculator_demonstrations_replay_exactly_through_the_env_and_reference_server(tmp_path):
+    """Each demonstration's assistant turns, played by a scripted engine through CalculatorEnv against the
+    reference server, give back the demonstration message for message, and the same token ledger."""
+    tok = build_tokenizer(DefaultModelConfig(task="calculator", split_digits=True), tmp_path)
+    fmt = ChatFormat(tok)
+    rng = random.Random(3)
+    tasks = demo_tasks(24, 5, "replay")
+    demos = [demonstration(t, rng, 0.3) for t in tasks]
+
+    def script(prompt_ids: list[int], index: int) -> str:
+        text = tok.decode(prompt_ids)
+        i = next(k for k, t in enumerate(tasks) if f"What is {t['a']} {t['op']} {t['b']}?" in text)
+        turn = text.count("<|im_start|>assistant") - 1
+        return [m["content"] for m in demos[i] if m["role"] == "assistant"][turn]
+
+    async def go():
+        try:
+            async with serve(make_app()) as url:
+                spec = EpisodeSpec(CalculatorEnv, {"tool_url": url, "compact_tools": True, "max_turns": 3}, fmt,
+                                   RolloutConfig(max_tokens_per_turn=64, max_turns=3), 512)
+                pool = RolloutPool(ScriptedEngine(tok, script), spec)
+                episodes = await asyncio.gather(*(pool.episode(t, i) for i, t in enumerate(tasks)))
+                return pool, episodes
+        finally:
+            await aclose_shared()
+
+    pool, episodes = asyncio.run(go())
+    for task, demo, ep in zip(tasks, demos, episodes):
+        assert ep.status == "ok" and ep.messages == demo
+        assert ep.tokens == ledger_from_messages(fmt, demo)[0]
+        called_ok = len(demo) == 5 and not demo[3]["content"].startswith("error:")
+        assert ep.info["env"]["tool_success"] is called_ok
+        assert ep.reward == (1.0 if demo[-1]["content"] == str(task["answer"]) else 0.0)
+    rate = sum(e.info["env"]["tool_success"] for e in episodes) / len(episodes)
+    assert 0 < rate < 1
+    assert pool.tool_stats.metrics()["tools/call_success_rate"] == rate
+    assert score_episodes(episodes).tool_call_success_rate == rate
+
+
+def test_tool_call_success_rate_is_none_without_tool_reports_and_printed_only_with_them(capsys):
+    plain = [Episode(task_id="a", group_id=0, reward=1.0), Episode(task_id="b", group_id=0)]
+    assert score_episodes(plain).tool_call_success_rate is None
+    tooled = [Episode(task_id=str(i), group_id=0, info={"env": {"tool_success": i < 3}}) for i in range(4)]
+    tooled.append(Episode(task_id="x", group_id=0, status="env_error", info={"env": {"tool_success": True}}))
+    res = score_episodes(tooled)
+    assert (res.tool_call_success_rate, res.n, res.failed) == (0.75, 4, {"env_error": 1})
+    print_summary({"eval_before": EvalResult(0.1, 0.1, 4).__dict__, "eval_after": EvalResult(0.2, 0.2, 4).__dict__})
+    assert "tool-call success" not in capsys.readouterr().out
+    print_summary({"eval_before": {**EvalResult(0.1, 0.1, 4).__dict__, "tool_call_success_rate": 0.25},
+                   "eval_after": res.__dict__})
+    out = capsys.readouterr().out
+    assert "tool-call success, warm start" in out and ": 0.250" in out and ": 0.750" in out
+
+
+@pytest.mark.parametrize("task_kwargs", [DEMO_TASK_KWARGS])
+def test_example_config_uses_the_demo_task_ranges(task_kwargs):
+    from agentrl.config import load_config
+
+    cfg = load_config("examples/agents/calculator.yaml", [])
+    assert cfg.data.task_kwargs == task_kwargs
+    assert cfg.model.default.task == "calculator" and cfg.model.default.split_digits
+    assert cfg.env.kwargs["compact_tools"] is True
+    assert CalculatorEnv.make_tasks(4, 0, "eval", **cfg.data.task_kwargs)[0]["a"] <= 99
+
+
+def test_warm_start_caps_torch_threads_at_the_usable_cores_and_restores_them(monkeypatch):
+    import os
+
+    import torch
+
+    import agentrl.sft as sft
+
+    assert 1 <= sft.usable_cores() <= (os.cpu_count() or 1)
+    monkeypatch.setattr(sft, "_train", lambda *args: float(torch.get_num_threads()))
+    monkeypatch.setattr(sft, "usable_cores", lambda: 1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        assert sft.warm_start(None, None, DefaultModelConfig()) == 1.0  # trained with 1 thread
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(old)
