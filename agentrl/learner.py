@@ -65,6 +65,13 @@ def token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: 
     return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
 
 
+def token_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B, T) entropy of the distribution that predicted token t (aligned with `token_logprobs`)."""
+    logp = torch.log_softmax(logits_BTV[:, :-1].float() / temperature, dim=-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
+
+
 @dataclass
 class StepMetrics:
     loss: float
@@ -129,11 +136,13 @@ class Learner:
 
     # -- forward passes ---------------------------------------------------------------------------
 
-    def _forward_logprobs(self, batch: TrainBatch, rows: slice, engine=None) -> torch.Tensor:
+    def _forward_logprobs(self, batch: TrainBatch, rows: slice, engine=None, with_entropy: bool = False):
+        """(B, T) log pi of each token; with_entropy: (logprobs, entropy) from the same forward pass."""
         ids = batch.input_ids[rows].to(self.device)
         attn = batch.attention_mask[rows].to(self.device)
         logits = (engine or self.engine)(input_ids=ids, attention_mask=attn).logits
-        return token_logprobs(logits, ids, self.temperature)
+        logp = token_logprobs(logits, ids, self.temperature)
+        return (logp, token_entropy(logits, self.temperature)) if with_entropy else logp
 
     def _forward_values(self, batch: TrainBatch, rows: slice) -> torch.Tensor:
         """(B, T) V(s_t): the value of the state before token t, read at position t - 1."""
@@ -196,12 +205,14 @@ class Learner:
 
     def _actor_micro_step(self, batch: TrainBatch, rows: slice, old_logp: torch.Tensor,
                           ref_logp: torch.Tensor | None, weight: float):
-        logp = self._forward_logprobs(batch, rows)
+        logp, entropy = self._forward_logprobs(batch, rows, with_entropy=True)
         mask = batch.loss_mask[rows].to(self.device)
+        # The entropy keeps its graph only when it is a loss term; otherwise it is a metric.
+        entropy = entropy if self.algo.entropy_coef > 0 else entropy.detach()
         inputs = PolicyLossInputs(
             logp_BT=logp * mask, old_logp_BT=old_logp[rows].to(self.device),
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
-            advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask)
+            advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy)
         loss, metrics = self.loss_fn(inputs, self.loss_cfg)
         if ref_logp is not None and self.algo.kl_mode == "loss":
             kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl_estimator)

@@ -208,3 +208,24 @@ def test_dynamic_filter_keeps_only_groups_with_a_signal():
     assert not _informative(group(1.0, 1.0, 1.0)) and not _informative(group(0.0, 0.0))
     assert not _informative(group(1.0))  # a group of one has no baseline
     assert not _informative(group(1.0, 0.0, status="reward_error"))  # only trainable episodes count
+
+
+def test_entropy_bonus_enters_the_loss_with_its_coefficient(tiny_model):
+    """Equal rewards give zero advantages, so the loss is exactly -entropy_coef * token-mean entropy,
+    recomputed here from a fresh model's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.learner import token_entropy
+
+    batch = make_batch(rewards=(1.0, 1.0))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    with torch.no_grad():
+        ent = token_entropy(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, 1.0)
+    expected = float((ent * batch.loss_mask).sum() / batch.loss_mask.sum())
+    probs = torch.softmax(torch.tensor([1.0, 2.0, 3.0]), -1)  # the formula on one hand-made row
+    hand = token_entropy(torch.log(probs)[None, None].expand(1, 2, 3), 1.0)[0, 1]
+    assert float(hand) == pytest.approx(float(-(probs * probs.log()).sum()), rel=1e-6)
+    lrn = learner(tiny_model, AlgoConfig(entropy_coef=0.01))
+    (m,) = lrn.step(batch)
+    assert m.policy["entropy"] == pytest.approx(expected, rel=1e-5)
+    assert m.loss == pytest.approx(-0.01 * expected, rel=1e-4)
