@@ -91,6 +91,8 @@ def warm_start(model: Any, tokenizer: Any, cfg: DefaultModelConfig) -> float:
 
 
 def _train(model: Any, tokenizer: Any, cfg: DefaultModelConfig) -> float:
+    if cfg.sft_steps == 0:  # an untrained model (OneCycleLR rejects zero steps)
+        return float("nan")
     make_tasks, demonstration = demo_source(cfg.task)
     rng = random.Random(cfg.seed)
     fmt = ChatFormat(tokenizer)
