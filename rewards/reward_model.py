@@ -61,6 +61,9 @@ class RewardModelConfig(BaseModel):
                              description="a request without a score this long after the call is a timeout")
     device: str = Field("cpu", description="torch device of the model, e.g. 'cpu', 'cuda', 'cuda:1'")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights dtype")
+    deepspeed: bool = Field(False, description="run the frozen model in a DeepSpeed eval-only engine, as the "
+                                               "learner's reference (ZeRO-0, or ZeRO-3 with offload)")
+    offload: bool = Field(False, description="with deepspeed: ZeRO-3 with the parameters kept on CPU")
     scale: float = Field(1.0, allow_inf_nan=False, description="reward = scale * score + shift")
     shift: float = Field(0.0, allow_inf_nan=False, description="reward = scale * score + shift")
 
@@ -127,6 +130,17 @@ class RewardModelScorer:
             raise ValueError(f"{config.path}: a reward model has one output (num_labels=1), "
                              f"this one has {head.out_features}")
         self.model = model.to(config.device).eval()
+        self.engine = None
+        if config.offload and not config.deepspeed:
+            raise ValueError("reward model offload needs deepspeed: true")
+        if config.deepspeed:
+            from agentrl.config import OptimConfig
+            from agentrl.learner import init_single_process_dist
+            from agentrl.models import eval_engine
+
+            init_single_process_dist()
+            self.engine = eval_engine(self.model, OptimConfig(), config.max_batch_size, config.offload)
+            self.model = self.engine.module  # ZeRO-3's hooks gather each submodule's weights as it runs
         self._use_template = bool(getattr(self.tokenizer, "chat_template", None))
         self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._stats = RewardModelStats()

@@ -40,7 +40,9 @@ def reward_model(model_dir, tmp_path_factory) -> str:
 
 
 def test_ppo_with_actor_critic_reference_and_reward_model(tmp_path, model_dir, reward_model):
-    sources = json.dumps([{"name": "rm", "type": "reward_model", "reward_model": {"path": reward_model}}])
+    # The reward model runs in its own DeepSpeed engine, ZeRO-3 with parameters offloaded to CPU.
+    sources = json.dumps([{"name": "rm", "type": "reward_model",
+                           "reward_model": {"path": reward_model, "deepspeed": True, "offload": True}}])
     res = run_cli(
         tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=4",
         "buffer.batch_size=16", "rollout.n_samples=4", "buffer.max_staleness=1", "train.save_model=true",

@@ -343,3 +343,23 @@ def test_a_classifier_with_several_labels_is_refused(tiny_tokenizer, tmp_path):
     tiny_tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="num_labels=1"):
         RewardModelScorer(RewardModelConfig(path=str(tmp_path)))
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_deepspeed_engine_scores_like_the_plain_model(trained, reference, offload):
+    """The frozen reward model in a DeepSpeed eval-only engine (ZeRO-0, or ZeRO-3 with parameters on
+    CPU) gives the plain model's scores."""
+    convs = _ragged_conversations()
+
+    async def main():
+        scorer = _scorer(trained[0], max_batch_size=len(convs), deepspeed=True, offload=offload)
+        assert scorer.engine is not None
+        results = await asyncio.gather(*(scorer(_episode(c)) for c in convs))
+        await scorer.aclose()
+        return results
+
+    for conv, result in zip(convs, asyncio.run(main())):
+        assert result.status == "ok"
+        assert result.value == pytest.approx(reference(conv), abs=1e-4)
+    with pytest.raises(ValueError, match="offload needs deepspeed"):
+        _scorer(trained[0], offload=True)
