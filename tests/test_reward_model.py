@@ -330,7 +330,7 @@ def test_config_is_bounded_and_rejects_unknown_keys(tmp_path):
         RewardModelConfig(path="x", timeout_s=0)
     assert RewardModelConfig(path="x").model_dump() == {
         "path": "x", "max_batch_size": 32, "max_wait_s": 0.01, "max_length": 512, "timeout_s": 60.0,
-        "device": "cpu", "dtype": "float32", "scale": 1.0, "shift": 0.0}
+        "device": "cpu", "dtype": "float32", "deepspeed": False, "offload": False, "scale": 1.0, "shift": 0.0}
 
 
 def test_a_classifier_with_several_labels_is_refused(tiny_tokenizer, tmp_path):
