@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentrl.config import LearnerConfig, OptimConfig
+from agentrl.config import OptimConfig
 
 
 def lr_factor(step: int, kind: str, warmup: int, total: int, min_ratio: float) -> float:
@@ -107,7 +107,3 @@ def _prepare_trainable(model: torch.nn.Module, opt: OptimConfig, task_type: str 
 
         model = apply_lora(model, opt.lora.rank, opt.lora.alpha, opt.lora.dropout, opt.lora.target_modules)
     return model
-
-
-def uses_zero3(cfg: LearnerConfig) -> bool:
-    return cfg.zero_stage == 3

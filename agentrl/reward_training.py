@@ -9,7 +9,7 @@ Train-time and score-time inputs are made identical by construction: the initial
 saved to `out_dir` first and a `RewardModelScorer` is built on that folder; its tokenizer (loaded
 the way the scorer loads it), `render`, `pad_right` and `max_length` truncation (keep the last tokens)
 prepare every training row, and the score is read at each row's last real token as in
-`RewardModelScorer.score_tokens`. (The folder's tokenizer is saved as `agentrl.chat.load_tokenizer`
+`rewards.reward_model.last_token_scores`, the scorer's own pooling. (The folder's tokenizer is saved as `agentrl.chat.load_tokenizer`
 reads the base's, but the scorer reloads it with AutoTokenizer, which for a qwen2 folder swaps in
 Qwen2's digit-splitting pre-tokenizer; training through the scorer keeps the two in step either way.)
 
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tqdm import tqdm
 
 from agentrl.chat import Message, load_tokenizer
-from rewards.reward_model import RewardModelConfig, RewardModelScorer
+from rewards.reward_model import RewardModelConfig, RewardModelScorer, last_token_scores
 
 PreferencePair = tuple[list[Message], list[Message]]  # (chosen messages, rejected messages)
 
@@ -64,15 +64,7 @@ def bradley_terry_loss(r_chosen_B: torch.Tensor, r_rejected_B: torch.Tensor) -> 
     return -torch.nn.functional.logsigmoid(r_chosen_B - r_rejected_B).mean()
 
 
-def sequence_scores(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """(B,) scores of right-padded rows read at each row's last real token, with gradients: the
-    pooling of `RewardModelScorer.score_tokens`, which runs under inference mode."""
-    backbone = getattr(model, model.base_model_prefix)
-    input_ids_BT, attention_mask_BT = input_ids_BT.to(model.device), attention_mask_BT.to(model.device)
-    hidden_BTH = backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
-    last_B = attention_mask_BT.sum(dim=1) - 1
-    hidden_BH = hidden_BTH[torch.arange(hidden_BTH.shape[0], device=hidden_BTH.device), last_B]
-    return model.score(hidden_BH).squeeze(-1).float()
+sequence_scores = last_token_scores  # (B,) scores at each row's last real token, with gradients
 
 
 def encode(scorer: RewardModelScorer, messages: list[Message]) -> list[int]:

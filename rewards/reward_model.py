@@ -318,12 +318,18 @@ class RewardModelScorer:
 
     def score_tokens(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
         """(B,) float32 scores read at each row's last attended token of right-padded rows."""
-        device = self.model.device
-        input_ids_BT, attention_mask_BT = input_ids_BT.to(device), attention_mask_BT.to(device)
-        backbone = getattr(self.model, self.model.base_model_prefix)
         with torch.inference_mode():
-            hidden_BTH = backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
-                                  use_cache=False).last_hidden_state
-            last_B = attention_mask_BT.sum(dim=1) - 1  # right padding: last real token of each row
-            hidden_BH = hidden_BTH[torch.arange(hidden_BTH.shape[0], device=device), last_B]
-            return self.model.score(hidden_BH).squeeze(-1).float().cpu()
+            return last_token_scores(self.model, input_ids_BT, attention_mask_BT).cpu()
+
+
+def last_token_scores(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """(B,) float32 scores of a decoder classifier read at each right-padded row's last real token,
+    found from the attention mask (the model's own pad-id pooling is bypassed; see the module doc).
+    Gradients flow unless the caller disables them: reward-model training uses this too."""
+    device = model.device
+    input_ids_BT, attention_mask_BT = input_ids_BT.to(device), attention_mask_BT.to(device)
+    backbone = getattr(model, model.base_model_prefix)
+    hidden_BTH = backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
+    last_B = attention_mask_BT.sum(dim=1) - 1  # right padding: last real token of each row
+    hidden_BH = hidden_BTH[torch.arange(hidden_BTH.shape[0], device=device), last_B]
+    return model.score(hidden_BH).squeeze(-1).float()

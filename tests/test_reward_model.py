@@ -221,19 +221,28 @@ def test_long_episodes_keep_their_last_max_length_tokens(trained, reference):
     assert stats.truncated == 1
 
 
-def test_forward_failure_fails_every_request_of_its_batch_then_recovers(trained, reference, monkeypatch):
-    scorer = _scorer(trained[0], max_batch_size=4, max_wait_s=1.0)
+def _on_first_forward(monkeypatch, scorer: RewardModelScorer, first_call) -> None:
+    """Run `first_call()` before the backbone's first forward pass only (a crash or a stall)."""
     backbone = scorer.model.model
     real_forward = backbone.forward
     calls = {"n": 0}
 
-    def flaky_forward(*args, **kwargs):
+    def forward(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 1:
-            raise RuntimeError("CUDA error: device-side assert triggered")
+            first_call()
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(backbone, "forward", flaky_forward)
+    monkeypatch.setattr(backbone, "forward", forward)
+
+
+def test_forward_failure_fails_every_request_of_its_batch_then_recovers(trained, reference, monkeypatch):
+    scorer = _scorer(trained[0], max_batch_size=4, max_wait_s=1.0)
+
+    def crash():
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    _on_first_forward(monkeypatch, scorer, crash)
     convs = [_messages(a, a, 2 * a) for a in range(4)]
 
     async def main():
@@ -256,17 +265,7 @@ def test_forward_failure_fails_every_request_of_its_batch_then_recovers(trained,
 
 def test_slow_forward_times_out_without_blocking_the_event_loop(trained, reference, monkeypatch):
     scorer = _scorer(trained[0], max_batch_size=8, max_wait_s=0.0, timeout_s=0.2)
-    backbone = scorer.model.model
-    real_forward = backbone.forward
-    calls = {"n": 0}
-
-    def slow_forward(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            time.sleep(0.8)
-        return real_forward(*args, **kwargs)
-
-    monkeypatch.setattr(backbone, "forward", slow_forward)
+    _on_first_forward(monkeypatch, scorer, lambda: time.sleep(0.8))
     conv = _messages(6, 3, 9)
 
     async def main():
