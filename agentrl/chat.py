@@ -72,3 +72,25 @@ class ChatFormat:
     def assistant_tokens(self, content: str) -> list[int]:
         """Tokens a model would emit for `content` (used for demonstrations): content then EOS."""
         return self.encode(content) + [self.eos_id]
+
+
+def ledger_from_messages(fmt: ChatFormat, messages: list[Message]) -> tuple[list[int], list[int]]:
+    """(tokens, loss_mask) for a finished conversation: assistant turns are trained (mask 1),
+    everything else is context (mask 0). Mirrors rollout.episode.run_episode's ledger."""
+    first_asst = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    tokens = fmt.initial(messages[:first_asst])
+    mask = [0] * len(tokens)
+    i = first_asst
+    while i < len(messages):
+        turn = fmt.assistant_tokens(messages[i]["content"])
+        tokens += turn
+        mask += [1] * len(turn)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if i + 1 < j:
+            suffix = fmt.continuation(messages[i + 1:j])
+            tokens += suffix
+            mask += [0] * len(suffix)
+        i = j
+    return tokens, mask

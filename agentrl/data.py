@@ -12,30 +12,49 @@ import random
 from pathlib import Path
 from typing import Any, Iterator
 
-from agentrl.config import DataConfig
+from agentrl.config import ConfigError, DataConfig
 from agentrl.env import Env
 
 Task = dict[str, Any]
 
 
-def read_tasks(path: str | Path, split: str) -> list[Task]:
+class DataError(ConfigError):
+    """A task or text file that cannot be used; the message names the config key, file and line."""
+
+
+def _row(value: Any, where: str) -> Task:
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: expected a JSON object (one task), got {type(value).__name__}")
+    return value
+
+
+def read_tasks(path: str | Path, split: str, key: str = "data.train_path") -> list[Task]:
+    """Tasks of a .jsonl (one object per line) or .json (a list of objects) file; `key` is the config
+    key that named the file, for error messages."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"task file {path} does not exist")
+    if not path.is_file():
+        raise DataError(f"{key}: task file {path} does not exist")
     if path.suffix == ".jsonl":
         tasks = []
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    tasks.append(json.loads(line))
+                    tasks.append(_row(json.loads(line), f"{key}: {path} line {lineno}"))
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+                    raise DataError(f"{key}: {path} line {lineno}: not valid JSON ({exc.msg} at column "
+                                    f"{exc.colno})") from None
     elif path.suffix == ".json":
-        tasks = json.loads(path.read_text())
+        try:
+            rows = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{key}: {path} line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(rows, list):
+            raise DataError(f"{key}: {path}: expected a JSON list of tasks, got {type(rows).__name__}")
+        tasks = [_row(t, f"{key}: {path} item {i}") for i, t in enumerate(rows)]
     else:
-        raise ValueError(f"{path}: task files must be .jsonl or .json")
-    if not tasks or not all(isinstance(t, dict) for t in tasks):
-        raise ValueError(f"{path}: expected a non-empty list of JSON objects")
+        raise DataError(f"{key}: {path}: task files must be .jsonl or .json")
+    if not tasks:
+        raise DataError(f"{key}: {path} holds no tasks")
     return [{"id": f"{split}-{i}", **t} for i, t in enumerate(tasks)]
 
 
@@ -43,7 +62,7 @@ def load_tasks(cfg: DataConfig, env_cls: type[Env]) -> tuple[list[Task], list[Ta
     """(train, eval) task lists from files or the Env's generator."""
     def one(path: str | None, n: int, split: str) -> list[Task]:
         if path:
-            return read_tasks(path, split)
+            return read_tasks(path, split, f"data.{split}_path")
         return env_cls.make_tasks(n, cfg.seed, split, **cfg.task_kwargs)
 
     return one(cfg.train_path, cfg.train_tasks, "train"), one(cfg.eval_path, cfg.eval_tasks, "eval")

@@ -4,7 +4,7 @@ Steps (each cached in a folder keyed by a hash of its settings):
 1. train a byte-level BPE tokenizer with a Qwen-style chat template on the warm-start task's text
    (`model.default.task`: guess_number, the default, or calculator, whose demonstrations hold tool calls);
 2. build a tiny Qwen2-architecture causal LM (head_dim 64, which vLLM's CPU attention supports);
-3. warm-start it with a short supervised step on imperfect demonstrations (`agentrl.sft`).
+3. warm-start it with a short supervised step on imperfect demonstrations (`agentrl.learner.sft`).
 The result is a normal Hugging Face folder that vLLM, DeepSpeed and `from_pretrained` all load.
 A user's own model path replaces all of this.
 """
@@ -12,12 +12,15 @@ A user's own model path replaces all of this.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
 import random
 from pathlib import Path
+from typing import Any, Callable
 
+from agentrl.chat import ChatFormat, Message, ledger_from_messages
 from agentrl.config import DefaultModelConfig
 
 log = logging.getLogger(__name__)
@@ -27,6 +30,16 @@ CHAT_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+TaskMaker = Callable[[int, int, str], list[dict[str, Any]]]  # (n, seed, split) -> tasks
+Demonstration = Callable[[dict[str, Any], random.Random, float], list[Message]]  # (task, rng, optimal_prob)
+
+
+def demo_source(task: str) -> tuple[TaskMaker, Demonstration]:
+    """The warm-start task's generator and teacher: `envs.<task>.demo_tasks` and `.demonstration`."""
+    module = importlib.import_module(f"envs.{task}")
+    return module.demo_tasks, module.demonstration
 
 
 def cache_root() -> Path:
@@ -46,8 +59,6 @@ def _key(cfg: DefaultModelConfig) -> str:
 
 def _corpus(cfg: DefaultModelConfig) -> list[str]:
     """Text the tokenizer is trained on: rendered demonstrations plus digits and common words."""
-    from agentrl.sft import demo_source
-
     make_tasks, demonstration = demo_source(cfg.task)
     rng = random.Random(cfg.seed)
     texts = []
@@ -97,10 +108,24 @@ def build_model(cfg: DefaultModelConfig, tokenizer, out: Path):
     return model
 
 
+def warm_start(model, tokenizer, cfg: DefaultModelConfig) -> float:
+    """Supervised warm start on `cfg.sft_demos` imperfect demonstrations of `cfg.task`; the final loss.
+    One rng draws the demonstrations and then the batches, so one seed fixes the whole model."""
+    from agentrl.learner.sft import SFTSettings
+    from agentrl.learner.sft import warm_start as sft
+
+    if cfg.sft_steps == 0:  # an untrained model
+        return float("nan")
+    make_tasks, demonstration = demo_source(cfg.task)
+    rng = random.Random(cfg.seed)
+    fmt = ChatFormat(tokenizer)
+    examples = [ledger_from_messages(fmt, demonstration(t, rng, cfg.demo_optimal_prob))
+                for t in make_tasks(cfg.sft_demos, cfg.seed, "demo")]
+    return sft(model, examples, tokenizer.pad_token_id, SFTSettings(cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr), rng)
+
+
 def ensure_default_model(cfg: DefaultModelConfig) -> Path:
     """Return the folder of the warm-started default model, building it on first use."""
-    from agentrl.sft import warm_start
-
     root = Path(cfg.cache_dir) if cfg.cache_dir else cache_root()
     out = root / f"default-model-{_key(cfg)}"
     if (out / "config.json").exists() and (out / "DONE").exists():

@@ -26,44 +26,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ValidationError
+
+from agentrl.config import EndpointConfig
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class EndpointConfig(BaseModel):
-    """One HTTP endpoint and how hard to try it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    url: str = Field(description="URL of the endpoint.")
-    connect_timeout_s: float = Field(5.0, gt=0, le=300, description="TCP/TLS connect deadline per attempt.")
-    read_timeout_s: float = Field(30.0, gt=0, le=3600, description="Max wait between bytes of the response.")
-    write_timeout_s: float = Field(10.0, gt=0, le=3600, description="Max wait while sending the request.")
-    pool_timeout_s: float = Field(10.0, gt=0, le=3600, description="Max wait for a pooled connection.")
-    max_retries: int = Field(3, ge=0, le=20, description="Retries after the first attempt (attempts = 1 + this).")
-    backoff_base_s: float = Field(0.25, ge=0, le=60, description="Backoff scale: sleep ~ U(0, base * 2**retry).")
-    backoff_max_s: float = Field(10.0, ge=0, le=600, description="Cap on one backoff sleep and on Retry-After.")
-    max_concurrency: int = Field(64, ge=1, le=4096, description="Requests in flight to this endpoint at most.")
-    auth_env: str | None = Field(
-        None, description="Name of an env var holding a bearer token (sent as Authorization: Bearer ...)."
-    )
-    max_response_bytes: int = Field(1 << 20, ge=64, le=1 << 30, description="Larger response bodies are an error.")
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {url!r}")
-        return url
-
-    @model_validator(mode="after")
-    def _backoff_order(self) -> "EndpointConfig":
-        if self.backoff_max_s < self.backoff_base_s:
-            raise ValueError("backoff_max_s must be >= backoff_base_s")
-        return self
 
 
 @dataclass

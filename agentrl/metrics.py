@@ -70,3 +70,23 @@ class MetricsSink:
         path = self.dir / "summary.json"
         path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
         return path
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    before, after = summary.get("eval_before"), summary.get("eval_after")
+    lines = ["", "=== agentrl summary ==="]
+    if before:
+        lines.append(f"held-out eval score, warm start : {before['score']:.3f}  (n={before['n']}, failed={before['failed']})")
+    if after:
+        lines.append(f"held-out eval score, after RL   : {after['score']:.3f}  (n={after['n']}, failed={after['failed']})")
+    if before and after:
+        lines.append(f"improvement                     : {after['score'] - before['score']:+.3f}")
+    for label, res in (("warm start", before), ("after RL  ", after)):
+        if res and res.get("tool_call_success_rate") is not None:
+            lines.append(f"tool-call success, {label}   : {res['tool_call_success_rate']:.3f}")
+    train = summary.get("train", {})
+    lines.append(f"max staleness trained           : {train.get('max_staleness_seen')}")
+    lines.append(f"RL time {train.get('seconds', 0):.0f}s, total wall time {summary.get('wall_s', 0):.0f}s")
+    if "saved_model" in summary:
+        lines.append(f"trained model                   : {summary['saved_model']}")
+    print("\n".join(lines), flush=True)

@@ -1,10 +1,12 @@
 """`python -m agentrl.train --config x.yaml [dotted.key=value ...]`: wires the stages and runs the loop.
 
     tasks -> RolloutPool (vLLM, many episodes on one uvloop loop) -> StalenessBuffer
-          -> advantages -> Learner.step (DeepSpeed, in a worker thread) -> EngineWeightSync -> engine
+          -> Learner.step (DeepSpeed, in a worker thread) -> EngineWeightSync -> engine
 
 Generation keeps running while the learner steps; the buffer's admission control and drop rule
-bound how stale a trained sample can be.
+bound how stale a trained sample can be. Everything a user's input can get wrong (config keys,
+YAML, data rows, the env's import path, the model folder, reward rules) is checked by `prepare`
+before vLLM or DeepSpeed start, and reported as one line with exit code 2.
 """
 
 from __future__ import annotations
@@ -13,106 +15,28 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-import torch
-
-from agentrl.algo import informative_groups
-from agentrl.buffer import BatchAssembly, BufferClosed, StalenessBuffer
+from agentrl.buffer import BatchAssembly, StalenessBuffer
 from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.config import Config, ConfigError, load_config
-from agentrl.metrics import MetricsSink, setup_logging
-from agentrl.rollout import EpisodeSpec, RolloutPool
-from agentrl.types import Episode, TrainBatch
+from agentrl.data import DataError, Task
+from agentrl.env import Env
+from agentrl.metrics import MetricsSink, print_summary, setup_logging
+from agentrl.rollout.pool import Producer, RolloutPool, score_episodes
+from agentrl.types import TrainBatch
 
 log = logging.getLogger("agentrl")
-
-
-@dataclass
-class EvalResult:
-    score: float  # mean reward over episodes that finished (ok / truncated)
-    success_rate: float
-    n: int
-    failed: dict[str, int] = field(default_factory=dict)  # infrastructure failures, not scored
-    # Share of finished episodes with a tool call the server executed without error (the env's
-    # info["tool_success"]); None when the env reports no tool use.
-    tool_call_success_rate: float | None = None
-
-
-def score_episodes(episodes: list[Episode]) -> EvalResult:
-    done = [e for e in episodes if e.status in ("ok", "truncated")]
-    failed = Counter(e.status for e in episodes if e.status not in ("ok", "truncated"))
-    n = max(len(done), 1)
-    result = EvalResult(sum(e.reward for e in done) / n, sum(e.success for e in done) / n, len(done), dict(failed))
-    if any("tool_success" in e.info.get("env", {}) for e in done):
-        result.tool_call_success_rate = sum(bool(e.info["env"].get("tool_success")) for e in done) / n
-    return result
 
 
 def make_train_batch(assembly: BatchAssembly, pad_id: int) -> TrainBatch:
     """Padded tensors; advantages are left to the learner, which holds the critic and reference."""
     return TrainBatch.from_episodes(assembly.episodes, None, pad_id)
-
-
-class Producer:
-    """Admits groups through the buffer and runs them on the pool until stopped."""
-
-    def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Iterator[dict], n: int,
-                 dynamic_filter: bool = False) -> None:
-        """`dynamic_filter`: groups whose trainable episodes all got the same reward carry no group-
-        relative signal; they give their slot back and another group is sampled (DAPO)."""
-        self.buffer, self.pool, self.tasks, self.n = buffer, pool, tasks, n
-        self.dynamic_filter = dynamic_filter
-        self.groups_finished = self.groups_filtered = 0
-        self._jobs: set[asyncio.Task] = set()
-        self._next_id = 0
-
-    async def run(self) -> None:
-        try:
-            while True:
-                version = await self.buffer.admit()
-                job = asyncio.create_task(self._group(next(self.tasks), self._next_id, version))
-                self._next_id += 1
-                self._jobs.add(job)
-                job.add_done_callback(self._jobs.discard)
-        except BufferClosed:
-            pass
-
-    async def _group(self, task: dict, group_id: int, version: int) -> None:
-        group = await self.pool.group(task, group_id, self.n, version)
-        if self.buffer.closed:
-            return
-        self.groups_finished += 1
-        if self.dynamic_filter and not _informative(group.episodes):
-            self.groups_filtered += 1
-            self.buffer.release()
-            return
-        self.buffer.put(group)
-
-    async def stop(self) -> None:
-        self.buffer.close()
-        for job in list(self._jobs):
-            job.cancel()
-        await asyncio.gather(*self._jobs, return_exceptions=True)
-
-    def metrics(self) -> dict[str, float]:
-        if not self.dynamic_filter:
-            return {}
-        return {"filter/groups_dropped": self.groups_filtered,
-                "filter/drop_rate": self.groups_filtered / max(self.groups_finished, 1)}
-
-
-def _informative(episodes: list[Episode]) -> bool:
-    """Whether a group's trainable episodes have different rewards (a group-relative signal)."""
-    trainable = [e for e in episodes if e.trainable]
-    if len(trainable) < 2:
-        return False
-    rewards = torch.tensor([e.reward for e in trainable])
-    return bool(informative_groups(rewards, torch.zeros(len(trainable), dtype=torch.long)).any())
 
 
 def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list, pool: RolloutPool,
@@ -185,13 +109,13 @@ def critic_init_path(cfg: Config, model_path: str) -> str:
         return model_path
     if cfg.critic.init_from == "reward_model":
         source = next(s for s in cfg.rewards.sources if s.type == "reward_model")
-        return source.reward_model["path"]
+        return source.reward_model.path
     return cfg.critic.init_from
 
 
 def build_learner(cfg: Config, model_path: str, tokenizer):
     from agentrl.data import lm_batches
-    from agentrl.learner import Learner
+    from agentrl.learner.rl import Learner
 
     unsup = None
     if cfg.learner.unsup_coef > 0:
@@ -202,6 +126,25 @@ def build_learner(cfg: Config, model_path: str, tokenizer):
                    critic=cfg.critic, critic_path=critic_path, total_steps=cfg.train.steps, unsup_batches=unsup)
 
 
+def check_model_path(path: str) -> None:
+    """A local Hugging Face folder, or a hub id already in the local cache: nothing is downloaded at run time."""
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.path={path!r}: the folder has no config.json (not a Hugging Face model folder)")
+        return
+    if folder.exists():
+        raise ConfigError(f"model.path={path!r} is a file; pass a Hugging Face model folder")
+    if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", path):
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return
+        raise ConfigError(f"model.path={path!r}: no such folder, and no model of that id in the local Hugging "
+                          f"Face cache (agentrl downloads nothing at run time; pass a local folder)")
+    raise ConfigError(f"model.path={path!r}: no such folder")
+
+
 def resolve_model(cfg: Config) -> str:
     if cfg.model.path:
         return cfg.model.path
@@ -210,30 +153,68 @@ def resolve_model(cfg: Config) -> str:
     return str(ensure_default_model(cfg.model.default))
 
 
-async def run(cfg: Config) -> dict[str, Any]:
-    """Build every stage, evaluate, train, evaluate, save; returns the summary."""
-    from agentrl.data import load_tasks, task_stream
-    from agentrl.engine import Engine
+@dataclass
+class Prepared:
+    """What start-up reads from the user's files, checked before any engine starts."""
+
+    env_cls: type[Env]
+    train_tasks: list[Task]
+    eval_tasks: list[Task]
+
+
+def prepare(cfg: Config) -> Prepared:
+    """Raises ConfigError (DataError for task files) naming the key, file or line at fault."""
     from agentrl.env import load_env
-    from agentrl.weight_sync import EngineWeightSync
+    from rewards.sources import check_sources
+
+    try:
+        env_cls = load_env(cfg.env.import_path)
+    except ValueError as exc:
+        raise ConfigError(f"env.import_path: {exc}") from None
+    train_tasks, eval_tasks = _load_tasks(cfg, env_cls)
+    if cfg.model.path:
+        check_model_path(cfg.model.path)
+    try:
+        check_sources(cfg.rewards)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return Prepared(env_cls, train_tasks, eval_tasks)
+
+
+def _load_tasks(cfg: Config, env_cls: type[Env]) -> tuple[list[Task], list[Task]]:
+    from agentrl.data import load_tasks
+
+    try:
+        return load_tasks(cfg.data, env_cls)
+    except NotImplementedError as exc:  # Env.make_tasks of an env without a generator
+        raise ConfigError(f"data.train_path: {exc}") from None
+
+
+async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
+    """Build every stage, evaluate, train, evaluate, save; returns the summary."""
+    from agentrl.data import task_stream
+    from agentrl.learner.models import frozen_engine
+    from agentrl.learner.weight_sync import EngineWeightSync
+    from agentrl.rollout.engine import Engine
+    from agentrl.rollout.episode import EpisodeSpec
+    from agentrl.tools import aclose_shared
     from rewards.sources import RewardCombiner
 
     t_start = time.perf_counter()
-    env_cls = load_env(cfg.env.import_path)
-    train_tasks, eval_tasks = load_tasks(cfg.data, env_cls)
     model_path = await asyncio.to_thread(resolve_model, cfg)
     tokenizer = load_tokenizer(model_path)
     fmt = ChatFormat(tokenizer)
-    log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(train_tasks), len(eval_tasks))
-    scorer = RewardCombiner(cfg.rewards)
+    log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(prep.train_tasks),
+             len(prep.eval_tasks))
+    scorer = RewardCombiner(cfg.rewards, engine_factory=frozen_engine)
     engine = Engine.start(model_path, cfg.engine, fmt.eos_id)
     try:
         learner = await asyncio.to_thread(build_learner, cfg, model_path, tokenizer)
-        spec = EpisodeSpec(env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
+        spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
         pool = RolloutPool(engine, spec, scorer)
         summary: dict[str, Any] = {"model": model_path, "config": cfg.model_dump()}
         if cfg.train.eval_before:
-            summary["eval_before"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).__dict__
+            summary["eval_before"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
             log.info("eval before RL: %s", summary["eval_before"])
         pool.status_counts.clear()
         pool.tool_stats.clear()
@@ -241,11 +222,11 @@ async def run(cfg: Config) -> dict[str, Any]:
         sink = MetricsSink(cfg.train.out_dir, cfg.train.steps, show=sys.stderr.isatty() or "CI" not in os.environ)
         sync = EngineWeightSync(learner.state_dict_cpu, engine, cfg.weight_sync.deadline_s)
         t_train = time.perf_counter()
-        summary["train"] = await train_loop(cfg, pool, learner, sync, task_stream(train_tasks, cfg.data.seed),
-                                            eval_tasks, sink, tokenizer.pad_token_id)
+        summary["train"] = await train_loop(cfg, pool, learner, sync, task_stream(prep.train_tasks, cfg.data.seed),
+                                            prep.eval_tasks, sink, tokenizer.pad_token_id)
         summary["train"]["seconds"] = time.perf_counter() - t_train
         if cfg.train.eval_after:
-            summary["eval_after"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).__dict__
+            summary["eval_after"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
             log.info("eval after RL: %s", summary["eval_after"])
         if cfg.train.save_model:
             summary["saved_model"] = os.path.join(cfg.train.out_dir, "model")
@@ -254,31 +235,9 @@ async def run(cfg: Config) -> dict[str, Any]:
         sink.write_summary(summary)
         return summary
     finally:
-        from agentrl.remote_tools import aclose_shared
-
         await aclose_shared()
         await scorer.aclose()
         engine.shutdown()
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    before, after = summary.get("eval_before"), summary.get("eval_after")
-    lines = ["", "=== agentrl summary ==="]
-    if before:
-        lines.append(f"held-out eval score, warm start : {before['score']:.3f}  (n={before['n']}, failed={before['failed']})")
-    if after:
-        lines.append(f"held-out eval score, after RL   : {after['score']:.3f}  (n={after['n']}, failed={after['failed']})")
-    if before and after:
-        lines.append(f"improvement                     : {after['score'] - before['score']:+.3f}")
-    for label, res in (("warm start", before), ("after RL  ", after)):
-        if res and res.get("tool_call_success_rate") is not None:
-            lines.append(f"tool-call success, {label}   : {res['tool_call_success_rate']:.3f}")
-    train = summary.get("train", {})
-    lines.append(f"max staleness trained           : {train.get('max_staleness_seen')}")
-    lines.append(f"RL time {train.get('seconds', 0):.0f}s, total wall time {summary.get('wall_s', 0):.0f}s")
-    if "saved_model" in summary:
-        lines.append(f"trained model                   : {summary['saved_model']}")
-    print("\n".join(lines), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,13 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns on every in-place reload
     try:
         cfg = load_config(args.config, args.overrides)
-    except (ConfigError, FileNotFoundError) as exc:
+        prep = prepare(cfg)
+    except DataError as exc:
+        print(f"data error: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        summary = runner.run(run(cfg))
+        summary = runner.run(run(cfg, prep))
     print_summary(summary)
     return 0
 

@@ -51,8 +51,9 @@ async def main(args: argparse.Namespace) -> None:
     from agentrl.chat import ChatFormat, load_tokenizer
     from agentrl.config import DefaultModelConfig, EngineConfig, RolloutConfig
     from agentrl.default_model import ensure_default_model
-    from agentrl.engine import Engine
-    from agentrl.rollout import EpisodeSpec, RolloutPool
+    from agentrl.rollout.engine import Engine
+    from agentrl.rollout.episode import EpisodeSpec
+    from agentrl.rollout.pool import RolloutPool
     from envs.arithmetic import ArithmeticEnv
 
     model = args.model or str(ensure_default_model(DefaultModelConfig()))

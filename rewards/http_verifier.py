@@ -30,18 +30,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from agentrl.http_common import EndpointConfig, EndpointStats, Failure, PooledEndpoint, parse_json_model
+from agentrl.config import VerifierConfig  # the settings live in the config tree (rewards.sources.N.http)
+from agentrl.http_common import EndpointStats, Failure, PooledEndpoint, parse_json_model
 from agentrl.types import Episode
 from rewards.base import RewardResult
 from rewards.rules import last_assistant_text
 
 VerifierStats = EndpointStats  # the counters of one verifier endpoint (see agentrl.http_common)
-
-
-class VerifierConfig(EndpointConfig):
-    """One verifier endpoint and how hard to try it."""
-
-    url: str = Field(description="Full URL the episode is POSTed to, e.g. http://host:8000/verify.")
 
 
 class VerifierResponse(BaseModel):

@@ -35,37 +35,18 @@ import dataclasses
 import logging
 import math
 import time
-from typing import Any, Literal
+from typing import Any, Callable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
+from agentrl.algo.logprobs import last_token_hidden
+from agentrl.config import RewardModelConfig
 from agentrl.types import Episode
 from rewards.base import RewardResult
 
 log = logging.getLogger(__name__)
 
-
-class RewardModelConfig(BaseModel):
-    """One reward model and how its requests are batched."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(description="local Hugging Face folder of a sequence classifier with num_labels=1")
-    max_batch_size: int = Field(32, ge=1, le=4096, description="requests scored by one forward pass at most")
-    max_wait_s: float = Field(0.01, ge=0.0, le=10.0,
-                              description="longest a request waits for others to join its batch")
-    max_length: int = Field(512, ge=1, le=1_048_576,
-                            description="tokens scored per episode; longer ones keep their last max_length")
-    timeout_s: float = Field(60.0, gt=0.0, le=86_400.0,
-                             description="a request without a score this long after the call is a timeout")
-    device: str = Field("cpu", description="torch device of the model, e.g. 'cpu', 'cuda', 'cuda:1'")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="weights dtype")
-    deepspeed: bool = Field(False, description="run the frozen model in a DeepSpeed eval-only engine, as the "
-                                               "learner's reference (ZeRO-0, or ZeRO-3 with offload)")
-    offload: bool = Field(False, description="with deepspeed: ZeRO-3 with the parameters kept on CPU")
-    scale: float = Field(1.0, allow_inf_nan=False, description="reward = scale * score + shift")
-    shift: float = Field(0.0, allow_inf_nan=False, description="reward = scale * score + shift")
+EngineFactory = Callable[[torch.nn.Module, int, bool], Any]  # (model, micro_batch_size, offload) -> engine
 
 
 @dataclasses.dataclass
@@ -114,7 +95,10 @@ class RewardModelScorer:
     `await aclose()` at the end.
     """
 
-    def __init__(self, config: RewardModelConfig) -> None:
+    def __init__(self, config: RewardModelConfig, engine_factory: EngineFactory | None = None) -> None:
+        """`engine_factory(model, micro_batch_size, offload) -> engine` wraps the frozen model in an eval-only
+        engine when `config.deepspeed` (the learner's `frozen_engine`; passed in, so rewards/ never
+        imports the learner)."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.config = config
@@ -134,12 +118,10 @@ class RewardModelScorer:
         if config.offload and not config.deepspeed:
             raise ValueError("reward model offload needs deepspeed: true")
         if config.deepspeed:
-            from agentrl.config import OptimConfig
-            from agentrl.learner import init_single_process_dist
-            from agentrl.models import eval_engine
-
-            init_single_process_dist()
-            self.engine = eval_engine(self.model, OptimConfig(), config.max_batch_size, config.offload)
+            if engine_factory is None:
+                raise ValueError("reward model deepspeed: true needs an engine_factory "
+                                 "(agentrl.learner.models.frozen_engine)")
+            self.engine = engine_factory(self.model, config.max_batch_size, config.offload)
             self.model = self.engine.module  # ZeRO-3's hooks gather each submodule's weights as it runs
         self._use_template = bool(getattr(self.tokenizer, "chat_template", None))
         self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -323,13 +305,11 @@ class RewardModelScorer:
 
 
 def last_token_scores(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """(B,) float32 scores of a decoder classifier read at each right-padded row's last real token,
-    found from the attention mask (the model's own pad-id pooling is bypassed; see the module doc).
-    Gradients flow unless the caller disables them: reward-model training uses this too."""
+    """(B,) float32 scores of a decoder classifier read at each right-padded row's last real token
+    (`agentrl.algo.logprobs.last_token_hidden`; the model's own pad-id pooling is bypassed, see the
+    module doc). Gradients flow unless the caller disables them: reward-model training uses this too."""
     device = model.device
     input_ids_BT, attention_mask_BT = input_ids_BT.to(device), attention_mask_BT.to(device)
     backbone = getattr(model, model.base_model_prefix)
     hidden_BTH = backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
-    last_B = attention_mask_BT.sum(dim=1) - 1  # right padding: last real token of each row
-    hidden_BH = hidden_BTH[torch.arange(hidden_BTH.shape[0], device=device), last_B]
-    return model.score(hidden_BH).squeeze(-1).float()
+    return model.score(last_token_hidden(hidden_BTH, attention_mask_BT)).squeeze(-1).float()

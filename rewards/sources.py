@@ -16,11 +16,13 @@ import importlib
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from agentrl.config import RewardsConfig, RewardSourceConfig
+from agentrl.config import EnvSource, HttpSource, RewardModelSource, RewardsConfig, RewardSourceConfig, RuleSource
 from agentrl.types import Episode
 from rewards.base import RewardFn, RewardResult
+from rewards.reward_model import EngineFactory
 
 
 async def env_reward(episode: Episode) -> RewardResult:
@@ -28,28 +30,45 @@ async def env_reward(episode: Episode) -> RewardResult:
     return RewardResult(float(episode.info.get("env_reward", episode.reward)))
 
 
-def _import(path: str) -> Any:
+def import_rule(path: str, key: str) -> Any:
+    """The function at 'package.module:function'; a ValueError naming `key` if it cannot be had."""
     module, _, attr = path.partition(":")
-    if not attr:
-        raise ValueError(f"reward rule {path!r} must look like 'package.module:function'")
-    return getattr(importlib.import_module(module), attr)
+    if not module or not attr:
+        raise ValueError(f"{key}={path!r} must look like 'package.module:function'")
+    try:
+        fn = getattr(importlib.import_module(module), attr, None)
+    except ImportError as exc:
+        raise ValueError(f"{key}={path!r}: cannot import {module!r} ({exc})") from None
+    if not callable(fn):
+        raise ValueError(f"{key}={path!r}: {module!r} has no function {attr!r}")
+    return fn
 
 
-def build_source(cfg: RewardSourceConfig) -> RewardFn:
-    """One RewardFn from its config entry (imports happen here, at start-up, so errors surface early)."""
-    if cfg.type == "env":
+def check_sources(cfg: RewardsConfig) -> None:
+    """What can be checked without building a source: rule imports and reward-model folders."""
+    for i, entry in enumerate(cfg.sources):
+        if isinstance(entry, RuleSource):
+            import_rule(entry.rule, f"rewards.sources.{i}.rule")
+        if isinstance(entry, RewardModelSource) and not Path(entry.reward_model.path).is_dir():
+            raise ValueError(f"rewards.sources.{i}.reward_model.path={entry.reward_model.path!r}: no such folder")
+
+
+def build_source(cfg: RewardSourceConfig, key: str = "rule", engine_factory: EngineFactory | None = None) -> RewardFn:
+    """One RewardFn from its config entry (imports happen here, at start-up, so errors surface early).
+    `engine_factory` wraps a reward model in a DeepSpeed engine when its config asks for one."""
+    if isinstance(cfg, EnvSource):
         return env_reward
-    if cfg.type == "rule":
+    if isinstance(cfg, RuleSource):
         from rewards.rules import as_reward
 
-        return as_reward(_import(cfg.rule), answer_key=cfg.answer_key)
-    if cfg.type == "http":
-        from rewards.http_verifier import HttpVerifier, VerifierConfig
+        return as_reward(import_rule(cfg.rule, key), answer_key=cfg.answer_key)
+    if isinstance(cfg, HttpSource):
+        from rewards.http_verifier import HttpVerifier
 
-        return HttpVerifier(VerifierConfig(**cfg.http))
-    from rewards.reward_model import RewardModelConfig, RewardModelScorer
+        return HttpVerifier(cfg.http)
+    from rewards.reward_model import RewardModelScorer
 
-    return RewardModelScorer(RewardModelConfig(**cfg.reward_model))
+    return RewardModelScorer(cfg.reward_model, engine_factory)
 
 
 @dataclass
@@ -63,10 +82,12 @@ class SourceStats:
 class RewardCombiner:
     """Scores finished episodes with every configured source, concurrently per episode."""
 
-    def __init__(self, cfg: RewardsConfig) -> None:
+    def __init__(self, cfg: RewardsConfig, engine_factory: EngineFactory | None = None) -> None:
+        """`engine_factory`: see `build_source` (the learner's `frozen_engine`, passed in by train.py)."""
         self.cfg = cfg
-        entries = cfg.sources or [RewardSourceConfig(name="env", type="env")]
-        self.sources: list[tuple[RewardSourceConfig, RewardFn]] = [(e, build_source(e)) for e in entries]
+        entries = cfg.sources or [EnvSource(name="env", type="env")]
+        self.sources: list[tuple[RewardSourceConfig, RewardFn]] = [
+            (e, build_source(e, f"rewards.sources.{i}.rule", engine_factory)) for i, e in enumerate(entries)]
         self.stats: dict[str, SourceStats] = defaultdict(SourceStats)
 
     async def _one(self, entry: RewardSourceConfig, fn: RewardFn, episode: Episode) -> RewardResult:

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for `agentrl.engine.Engine` that plays a script instead of sampling.
+"""An in-memory stand-in for `agentrl.rollout.engine.Engine` that plays a script instead of sampling.
 
 It records every call (a copy of prompt_ids, max_tokens, sampling arguments) and what it returned,
 so tests can compare the episode ledger against exactly what the "engine" saw and produced.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from agentrl.engine import Generation
+from agentrl.rollout.engine import Generation
 
 
 @dataclass

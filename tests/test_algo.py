@@ -18,8 +18,14 @@ from torch.testing import assert_close
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs,
                           aggregate, kl_estimate, masked_mean, register_advantage, register_policy_loss,
                           value_loss)
+from agentrl.config import AlgoConfig
 
 F64 = torch.float64
+
+
+def loss_cfg(**kw) -> PolicyLossConfig:
+    """Loss settings as the learner makes them: the config tree's defaults, overridden by `kw`."""
+    return PolicyLossConfig.from_settings(AlgoConfig(**kw))
 
 
 def t(x, dtype=torch.float32):
@@ -146,6 +152,21 @@ def test_gae_hand():
     assert_close(out.returns_BT, t([[0.61632, 0.756, 0, 1.0, 0], [0.18, 0.0, 0, 0, 0]]))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_gae_is_exactly_zero_where_the_mask_is_zero_whatever_the_values_there(bad):
+    # The hand case above with padded / env positions holding NaN or inf values and token rewards:
+    # the critic's targets there must be 0, not NaN (NaN * 0 = NaN would poison the critic's gradients).
+    mask = t([[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]])
+    values = t([[0.5, 0.4, bad, 0.2, bad], [1.0, 1.0, bad, bad, bad]])
+    tok = t([[0.0, 0.0, bad, 1.0, bad], [0.0, 0.0, bad, bad, bad]])
+    inp = AdvantageInputs(t([1.0, 0.0]), torch.tensor([0, 0]), mask, values_BT=values, token_rewards_BT=tok,
+                          gamma=0.9, lam=0.8)
+    out = ADVANTAGES["gae"](inp)
+    assert_close(out.advantages_BT, t([[0.11632, 0.356, 0, 0.8, 0], [-0.82, -1.0, 0, 0, 0]]))
+    assert_close(out.returns_BT, t([[0.61632, 0.756, 0, 1.0, 0], [0.18, 0.0, 0, 0, 0]]))
+    assert (out.returns_BT[mask == 0] == 0).all() and (out.advantages_BT[mask == 0] == 0).all()
+
+
 @pytest.mark.parametrize("name,seed", list(itertools.product(
     ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"], range(4))))
 def test_scalar_advantages_vs_reference(name, seed):
@@ -265,7 +286,7 @@ def test_ppo_clip_hand_value_and_grad():
     #   d/dlogp = -r A / 4 on unclipped tokens = [-0.25, 0, 0, 0.55, 0]
     lr = [[0.0, math.log(1.5), math.log(0.5), math.log(1.1), 3.0]]
     inp, logp = loss_inputs(lr, [[1.0, 1.0, -1.0, -2.0, 5.0]], mask=[[1, 1, 1, 1, 0]])
-    loss, m = POLICY_LOSSES["ppo_clip"](inp, PolicyLossConfig(correction="none"))
+    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none"))
     assert_close(loss, t(0.2))
     loss.backward()
     assert_close(logp.grad, t([[-0.25, 0.0, 0.0, 0.55, 0.0]]))
@@ -277,7 +298,7 @@ def test_ppo_dual_clip_hand():
     # c = 3: (r=5, A=-1): -min(-5, -1.2) = 5 > 3 -> 3, zero grad; (r=2, A=-1): 2 < 3 stays, grad -rA = 2;
     # (r=5, A=1): -min(5, 1.2) = -1.2, clipped.  mean = (3 + 2 - 1.2) / 3
     inp, logp = loss_inputs([[math.log(5), math.log(2), math.log(5)]], [[-1.0, -1.0, 1.0]])
-    loss, m = POLICY_LOSSES["ppo_clip"](inp, PolicyLossConfig(correction="none", dual_clip=3.0))
+    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", dual_clip=3.0))
     assert_close(loss, t(3.8 / 3))
     loss.backward()
     assert_close(logp.grad, t([[0.0, 2 / 3, 0.0]]))
@@ -292,7 +313,7 @@ def test_token_corrections_hand():
               "none": ([1.0, 1.0, 1.0, 1.0], 0.0)}
     for corr, (applied, frac) in expect.items():
         inp, logp = loss_inputs([[0.0] * 4], [[1.0] * 4], log_w=log_w)
-        loss, m = POLICY_LOSSES["ppo_clip"](inp, PolicyLossConfig(correction=corr, is_low=0.5, is_high=2.0))
+        loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction=corr, is_low=0.5, is_high=2.0))
         assert_close(loss, t(-sum(applied) / 4))
         loss.backward()
         assert_close(logp.grad, -t([applied]) / 4)
@@ -309,7 +330,7 @@ def test_sequence_correction_hand():
     # row 0: log w = [log 2, log 8] -> geometric mean 4 -> tis 2; row 1: [log 0.5, (masked) 5] -> 0.5
     log_w = [[math.log(2), math.log(8)], [math.log(0.5), 5.0]]
     inp, _ = loss_inputs([[0.0, 0.0]] * 2, [[1.0, 1.0]] * 2, mask=[[1, 1], [1, 0]], log_w=log_w)
-    cfg = PolicyLossConfig(correction="tis", correction_level="sequence", is_high=2.0, agg="seq_mean_token_sum")
+    cfg = loss_cfg(correction="tis", correction_level="sequence", is_high=2.0, agg="seq_mean_token_sum")
     loss, m = POLICY_LOSSES["ppo_clip"](inp, cfg)
     assert_close(loss, t(-(2.0 * 2 + 0.5) / 2))
     assert (m["is_weight_mean"], m["is_weight_max"], m["is_corrected_frac"]) == pytest.approx((2.25, 4.0, 0.5))
@@ -321,7 +342,7 @@ def test_gspo_hand():
     # row 0: log r = [0.1, 0.3] -> s = exp(0.2) = 1.2214 > 1.2, A = 1: loss -1.2 per token, no grad
     # row 1: log r = [-0.2, (masked), 0.0] -> s = exp(-0.1) = 0.904837: loss -s, grad per token -s / 2 / 2
     inp, logp = loss_inputs([[0.1, 0.0, 0.3], [-0.2, 9.0, 0.0]], [[1.0] * 3] * 2, mask=[[1, 0, 1], [1, 0, 1]])
-    loss, m = POLICY_LOSSES["gspo"](inp, PolicyLossConfig(correction="none", agg="seq_mean_token_mean"))
+    loss, m = POLICY_LOSSES["gspo"](inp, loss_cfg(correction="none", agg="seq_mean_token_mean"))
     s = math.exp(-0.1)
     assert_close(loss, t((-1.2 - s) / 2))
     loss.backward()
@@ -333,7 +354,7 @@ def test_cispo_hand():
     # r = [1.5, 0.5, 1], A = [1, 1, -1], logp = [-1, -2, -0.5]; sg(clip(r)) = [1.2, 0.8, 1]
     # loss = -c A logp = [1.2, 1.6, -0.5], mean 2.3/3; grad = -c A / 3 = [-0.4, -0.8/3, 1/3] (clipped too)
     inp, logp = loss_inputs([[math.log(1.5), math.log(0.5), 0.0]], [[1.0, 1.0, -1.0]], logp=[[-1.0, -2.0, -0.5]])
-    loss, m = POLICY_LOSSES["cispo"](inp, PolicyLossConfig(correction="none"))
+    loss, m = POLICY_LOSSES["cispo"](inp, loss_cfg(correction="none"))
     assert_close(loss, t(2.3 / 3))
     loss.backward()
     assert_close(logp.grad, t([[-0.4, -0.8 / 3, 1 / 3]]))
@@ -344,20 +365,29 @@ def test_entropy_bonus_and_bypass():
     inp, _ = loss_inputs([[0.0, 0.0]], [[1.0, 1.0]])
     inp.behav_logp_BT = inp.old_logp_BT.clone()  # bypass mode: old == mu, so w = 1 exactly
     inp.entropy_BT = t([[0.5, 1.5]])
-    loss, m = POLICY_LOSSES["ppo_clip"](inp, PolicyLossConfig(entropy_coef=0.1))
+    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(entropy_coef=0.1))
     assert_close(loss, t(-1.0 - 0.1 * 1.0))
     assert m["entropy"] == pytest.approx(1.0) and m["is_ess"] == pytest.approx(1.0)
     assert m["mismatch_abs"] == 0.0 and m["is_weight_max"] == 1.0
     inp.entropy_BT = None
     with pytest.raises(ValueError):
-        POLICY_LOSSES["ppo_clip"](inp, PolicyLossConfig(entropy_coef=0.1))
+        POLICY_LOSSES["ppo_clip"](inp, loss_cfg(entropy_coef=0.1))
 
 
 @pytest.mark.parametrize("kw", [dict(correction="x"), dict(correction_level="batch"), dict(agg="sum"),
-                                dict(dual_clip=1.0), dict(is_low=3.0, is_high=2.0), dict(clip_low=-0.1)])
+                                dict(dual_clip=1.0), dict(is_low=1.5), dict(is_high=0.9), dict(clip_low=-0.1),
+                                dict(constant_norm=0.0)])
 def test_config_validation(kw):
+    # The loss settings are checked once, in the config tree, before a PolicyLossConfig is made.
     with pytest.raises(ValueError):
-        PolicyLossConfig(**kw)
+        AlgoConfig(**kw)
+
+
+def test_policy_loss_config_reads_every_field_from_the_config_tree():
+    algo = AlgoConfig(clip_low=0.1, clip_high=0.3, dual_clip=2.5, correction="mask", correction_level="sequence",
+                      is_low=0.4, is_high=1.7, agg="constant", constant_norm=5.0, entropy_coef=0.02)
+    assert PolicyLossConfig.from_settings(algo) == PolicyLossConfig(0.1, 0.3, 2.5, "mask", "sequence", 0.4, 1.7,
+                                                                    "constant", 5.0, 0.02)
 
 
 # ---------------------------------------------------------------- policy losses: loop reference
@@ -432,7 +462,7 @@ LOSS_CASES = list(itertools.product(
 def test_policy_loss_vs_reference(name, correction, level, agg):
     seed = LOSS_CASES.index((name, correction, level, agg))
     lp, old, behav, adv, mask, ent = rand_loss_batch(seed)
-    cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.28 if name != "gspo" else 0.05, correction=correction,
+    cfg = loss_cfg(clip_low=0.2, clip_high=0.28 if name != "gspo" else 0.05, correction=correction,
                            correction_level=level, is_low=0.6, is_high=1.5, agg=agg, constant_norm=7.0,
                            dual_clip=3.0 if seed % 2 else None, entropy_coef=0.01 * (seed % 3))
     logp = t(lp, F64).requires_grad_()

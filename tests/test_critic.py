@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.critic import VALUE_HEAD_FILE, ValueModel
+from agentrl.learner.models import VALUE_HEAD_FILE, ValueModel
 
 IDS = torch.tensor([[5, 17, 42, 8, 99, 3], [1, 2, 3, 4, 5, 6]])
 

@@ -87,10 +87,10 @@ def test_vllm_logprobs_match_learner_after_push(model_dir):
     within 1e-4 (float32), and differ from the pre-step ones (the push really changed the weights)."""
     from agentrl.chat import load_tokenizer
     from agentrl.config import AlgoConfig, EngineConfig, LearnerConfig
-    from agentrl.engine import Engine
-    from agentrl.learner import Learner
+    from agentrl.rollout.engine import Engine
+    from agentrl.learner.rl import Learner
     from agentrl.types import Episode, TrainBatch
-    from agentrl.weight_sync import EngineWeightSync
+    from agentrl.learner.weight_sync import EngineWeightSync
 
     tok = load_tokenizer(model_dir)
     seq = tok.apply_chat_template([{"role": "user", "content": "Guess my number from 1 to 15."},

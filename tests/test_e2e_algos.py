@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def reward_model(model_dir, tmp_path_factory) -> str:
-    from agentrl.reward_training import RewardTrainingConfig, train_reward_model
+    from agentrl.learner.reward_training import RewardTrainingConfig, train_reward_model
     from envs.guess_number import preference_pairs
 
     out = tmp_path_factory.mktemp("rm") / "rm"

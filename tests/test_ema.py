@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.ema import ModelEMA
+from agentrl.learner.models import ModelEMA
 
 DECAY = 0.9
 IDS = torch.tensor([[5, 17, 42, 8, 99, 3]])
@@ -87,7 +87,7 @@ def test_zero3_partitioned_parameters(tmp_path):
     import deepspeed
     from transformers import AutoModelForCausalLM
 
-    from agentrl.learner import init_single_process_dist
+    from agentrl.learner.dist import init_single_process_dist
 
     init_single_process_dist()
     model = tiny_model(seed=3)

@@ -17,7 +17,8 @@ from fake_engine import Reply, ScriptedEngine
 from agentrl.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, StepResult, ToolCall, load_env, parse_tool_calls
-from agentrl.rollout import EpisodeSpec, RolloutPool, run_episode
+from agentrl.rollout.episode import EpisodeSpec, run_episode
+from agentrl.rollout.pool import RolloutPool
 from envs.guess_number import GuessNumberEnv
 
 TURN_TIMEOUT_S = 0.5

@@ -26,7 +26,7 @@ def make_batch(learner, log_w: float, adv: float = 1.0) -> TrainBatch:
 
 
 def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
-    from agentrl.learner import Learner
+    from agentrl.learner.rl import Learner
 
     learner = Learner(tiny_model, LearnerConfig(lr=1e-4, micro_batch_size=1), AlgoConfig(is_high=1.5), 1.0, 2)
     # w = pi_prox / mu = 2 > is_high -> truncated to 1.5; r = 1 on the first step, A = 1:
@@ -42,7 +42,7 @@ def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
 
 
 def test_bypass_mode_ignores_the_behaviour_gap(tiny_model):
-    from agentrl.learner import Learner
+    from agentrl.learner.rl import Learner
 
     learner = Learner(tiny_model, LearnerConfig(lr=1e-4, mini_batches=2, micro_batch_size=1),
                       AlgoConfig(mode="bypass"), 1.0, 2)
@@ -55,7 +55,7 @@ def test_bypass_mode_ignores_the_behaviour_gap(tiny_model):
 
 
 def test_reference_kl_is_zero_at_start_and_grows_after_updates(tiny_model):
-    from agentrl.learner import Learner
+    from agentrl.learner.rl import Learner
 
     learner = Learner(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=2),
                       AlgoConfig(kl_coef=0.5, kl_estimator="k3"), 1.0, 2)

@@ -12,7 +12,7 @@ import torch
 
 from agentrl.algo import ADVANTAGES, AdvantageInputs, kl_penalized_token_rewards
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
-from agentrl.models import lr_factor
+from agentrl.learner.models import lr_factor
 from agentrl.types import Episode, TrainBatch
 
 PROMPTS = ([1, 275, 201, 301, 299], [1, 275, 201, 301, 280])
@@ -32,7 +32,7 @@ def make_batch(rewards=(1.0, 0.0), group=(0, 0)) -> TrainBatch:
 
 
 def learner(path: str, algo: AlgoConfig, critic: CriticConfig | None = None, **cfg):
-    from agentrl.learner import Learner
+    from agentrl.learner.rl import Learner
 
     cfg = {"lr": 1e-2, "micro_batch_size": 2, **cfg}
     return Learner(path, LearnerConfig(**cfg), algo, 1.0, 2, critic=critic,
@@ -146,7 +146,7 @@ def test_lora_pushes_merged_weights_keyed_like_the_base_model(tiny_model):
     base.load_state_dict(merged, strict=False)  # a fresh model with the merged weights = the trained policy
     batch = make_batch()
     ids, attn = batch.input_ids, batch.attention_mask
-    from agentrl.learner import token_logprobs
+    from agentrl.algo.logprobs import token_logprobs
 
     with torch.no_grad():
         fresh = token_logprobs(base(input_ids=ids, attention_mask=attn).logits, ids, 1.0) * batch.loss_mask
@@ -157,7 +157,7 @@ def test_unsupervised_lm_loss_is_added_with_its_coefficient(tiny_model, tiny_tok
     from transformers import AutoModelForCausalLM
 
     from agentrl.data import lm_batches
-    from agentrl.learner import Learner
+    from agentrl.learner.rl import Learner
 
     texts = tmp_path / "texts.txt"
     texts.write_text("Higher. Guess again.\nLower.\nWhat is 3 + 4? 7\n")
@@ -193,7 +193,7 @@ def test_offload_and_checkpointing_train_like_the_plain_engine(tiny_model, cfg):
 
 
 def test_dynamic_filter_keeps_only_groups_with_a_signal():
-    from agentrl.train import _informative
+    from agentrl.rollout.pool import _informative
 
     def group(*rewards, status="ok"):
         eps = []
@@ -215,7 +215,7 @@ def test_entropy_bonus_enters_the_loss_with_its_coefficient(tiny_model):
     recomputed here from a fresh model's logits."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.learner import token_entropy
+    from agentrl.algo.logprobs import token_entropy
 
     batch = make_batch(rewards=(1.0, 1.0))
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)

@@ -12,11 +12,10 @@ import copy
 import pytest
 from fake_engine import Reply, ScriptedEngine
 
-from agentrl.chat import ChatFormat
+from agentrl.chat import ChatFormat, ledger_from_messages
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, StepResult, load_env
-from agentrl.rollout import EpisodeSpec, run_episode
-from agentrl.sft import ledger_from_messages
+from agentrl.rollout.episode import EpisodeSpec, run_episode
 from agentrl.types import Turn
 from envs.guess_number import demonstration
 

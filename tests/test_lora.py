@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.critic import ValueModel
-from agentrl.lora import apply_lora, merged_state_dict
+from agentrl.learner.models import ValueModel
+from agentrl.learner.lora import apply_lora, merged_state_dict
 
 RANK, ALPHA = 4, 8.0
 IDS = torch.tensor([[5, 17, 42, 8, 99, 3], [1, 2, 3, 4, 5, 6]])

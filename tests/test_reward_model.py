@@ -126,8 +126,8 @@ def reference(trained):
     return score
 
 
-def _scorer(path, **overrides) -> RewardModelScorer:
-    return RewardModelScorer(RewardModelConfig(path=str(path), **overrides))
+def _scorer(path, engine_factory=None, **overrides) -> RewardModelScorer:
+    return RewardModelScorer(RewardModelConfig(path=str(path), **overrides), engine_factory)
 
 
 def _ragged_conversations() -> list[list[dict[str, str]]]:
@@ -351,7 +351,9 @@ def test_deepspeed_engine_scores_like_the_plain_model(trained, reference, offloa
     convs = _ragged_conversations()
 
     async def main():
-        scorer = _scorer(trained[0], max_batch_size=len(convs), deepspeed=True, offload=offload)
+        from agentrl.learner.models import frozen_engine
+
+        scorer = _scorer(trained[0], frozen_engine, max_batch_size=len(convs), deepspeed=True, offload=offload)
         assert scorer.engine is not None
         results = await asyncio.gather(*(scorer(_episode(c)) for c in convs))
         await scorer.aclose()
@@ -362,3 +364,5 @@ def test_deepspeed_engine_scores_like_the_plain_model(trained, reference, offloa
         assert result.value == pytest.approx(reference(conv), abs=1e-4)
     with pytest.raises(ValueError, match="offload needs deepspeed"):
         _scorer(trained[0], offload=True)
+    with pytest.raises(ValueError, match="needs an engine_factory"):  # rewards/ never imports the learner
+        _scorer(trained[0], deepspeed=True)

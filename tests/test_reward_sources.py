@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from agentrl.config import ConfigError, RewardsConfig, RewardSourceConfig, load_config
+from agentrl.config import (ConfigError, EnvSource, HttpSource, RewardModelSource, RewardsConfig, RuleSource,
+                            load_config)
 from agentrl.types import Episode
 from rewards.base import RewardResult
 from rewards.sources import RewardCombiner
@@ -32,16 +33,16 @@ def scripted(results: list[RewardResult]):
 
 
 def combiner(cfg: RewardsConfig, **fns) -> RewardCombiner:
-    comb = RewardCombiner(RewardsConfig(sources=[RewardSourceConfig(name="env", type="env")]))
+    comb = RewardCombiner(RewardsConfig(sources=[EnvSource(name="env", type="env")]))
     comb.cfg = cfg
-    comb.sources = [(RewardSourceConfig(name=n, type="env", weight=w), fn) for n, (w, fn) in fns.items()]
+    comb.sources = [(EnvSource(name=n, type="env", weight=w), fn) for n, (w, fn) in fns.items()]
     return comb
 
 
 def test_weighted_sum_of_env_and_rule_sources():
-    cfg = RewardsConfig(sources=[RewardSourceConfig(name="env", type="env", weight=0.5),
-                                 RewardSourceConfig(name="rule", type="rule", weight=2.0,
-                                                    rule="rewards.rules:numeric_match")])
+    cfg = RewardsConfig(sources=[EnvSource(name="env", type="env", weight=0.5),
+                                 RuleSource(name="rule", type="rule", weight=2.0,
+                                            rule="rewards.rules:numeric_match")])
     comb = RewardCombiner(cfg)
     ep = episode(reward=1.0, reply="7")
     asyncio.run(comb.score(ep))
@@ -89,13 +90,44 @@ def test_non_finite_ok_value_counts_as_error():
 
 
 def test_reward_config_errors_name_the_problem():
-    with pytest.raises(ConfigError, match="needs the 'http' setting"):
+    with pytest.raises(ConfigError, match=r"rewards\.sources\.0\.http: Field required"):
         load_config(None, ["rewards.sources=[{name: v, type: http}]"])
-    with pytest.raises(ConfigError, match="url"):
+    with pytest.raises(ConfigError, match=r"rewards\.sources\.0\.http\.url: Field required"):
         load_config(None, ["rewards.sources=[{name: v, type: http, http: {read_timeout_s: 1}}]"])
     with pytest.raises(ConfigError, match="unique"):
         load_config(None, ["rewards.sources=[{name: a, type: env}, {name: a, type: env}]"])
     with pytest.raises(ConfigError, match=r"rewards\.sources\.0\.wieght'; did you mean 'rewards\.sources\.0\.weight'"):
         load_config(None, ["rewards.sources=[{name: a, type: env, wieght: 2}]"])
     cfg = load_config(None, ["rewards.sources=[{name: v, type: http, http: {url: 'http://127.0.0.1:1/verify'}}]"])
-    assert cfg.rewards.sources[0].http["url"].endswith("/verify")
+    assert cfg.rewards.sources[0].http.url.endswith("/verify")
+
+
+def test_each_source_type_has_its_own_typed_settings():
+    """A typed union on `type`: each source's settings are checked at load, keys named with the nearest valid one."""
+    cfg = load_config(None, ["rewards.sources=[{name: e, type: env}, {name: r, type: rule, rule: 'a.b:c'}, "
+                             "{name: h, type: http, http: {url: 'http://127.0.0.1:1/v', read_timeout_s: 3}}, "
+                             "{name: m, type: reward_model, reward_model: {path: rm, max_batch_size: 8}}]"])
+    env, rule, http, rm = cfg.rewards.sources
+    assert (type(env), type(rule), type(http), type(rm)) == (EnvSource, RuleSource, HttpSource, RewardModelSource)
+    assert (rule.rule, rule.answer_key, http.http.read_timeout_s, http.http.max_retries) == ("a.b:c", "answer", 3.0, 3)
+    assert (rm.reward_model.path, rm.reward_model.max_batch_size, rm.reward_model.max_wait_s) == ("rm", 8, 0.01)
+    bad = {
+        "{name: h, type: http, http: {url: 'http://x/v', read_timeot_s: 3}}":
+            "unknown config key 'rewards.sources.0.http.read_timeot_s'; did you mean "
+            "'rewards.sources.0.http.read_timeout_s'?",
+        "{name: m, type: reward_model, reward_model: {path: rm, max_batch: 8}}":
+            "unknown config key 'rewards.sources.0.reward_model.max_batch'; did you mean "
+            "'rewards.sources.0.reward_model.max_batch_size'?",
+        "{name: r, type: rule, rule: 'a:b', http: {url: 'http://x/v'}}":  # a setting of another type
+            "config key 'rewards.sources.0.http' is a setting of reward sources of type http, not of type rule",
+        "{name: r, type: rul}": "rewards.sources.0.type='rul' is not one of ['env', 'http', 'reward_model', 'rule']; "
+                                "did you mean 'rule'?",
+        "{name: h, type: http, http: {url: 'ftp://x'}}":
+            "invalid config: rewards.sources.0.http.url: url must start with http:// or https://, got 'ftp://x'",
+        "{name: m, type: reward_model, reward_model: {path: rm, dtype: float16}}":
+            "invalid config: rewards.sources.0.reward_model.dtype: Input should be 'float32' or 'bfloat16'",
+    }
+    for entry, message in bad.items():
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [f"rewards.sources=[{entry}]"])
+        assert str(err.value) == message

@@ -1,4 +1,4 @@
-"""Reward-model training (agentrl.reward_training) on synthetic guess_number preferences.
+"""Reward-model training (agentrl.learner.reward_training) on synthetic guess_number preferences.
 
 A small embedded default model is built and warm-started, a reward model is trained from it on
 (found the number, ran out of turns) episode pairs, and the saved folder is scored with the real
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from agentrl.env import Action, to_messages
-from agentrl.reward_training import (RewardTrainingConfig, bradley_terry_loss, encode, main, read_pairs,
+from agentrl.learner.reward_training import (RewardTrainingConfig, bradley_terry_loss, encode, main, read_pairs,
                                      sequence_scores, train_reward_model)
 from agentrl.types import Episode
 from envs.guess_number import GuessNumberEnv, preference_pairs

@@ -25,8 +25,9 @@ from pydantic import ValidationError
 from agentrl.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, StepResult
-from agentrl.remote_tools import RemoteToolClient, RemoteToolError, ToolResult, aclose_shared, truncate_to_tokens
-from agentrl.rollout import EpisodeSpec, RolloutPool, run_episode
+from agentrl.tools import RemoteToolClient, RemoteToolError, ToolResult, aclose_shared, truncate_to_tokens
+from agentrl.rollout.episode import EpisodeSpec, run_episode
+from agentrl.rollout.pool import RolloutPool
 from agentrl.tools import TOOL_PARSERS, ToolCall, ToolCallStats, get_tool_parser, register_tool_parser
 from envs.calculator import CalculatorEnv
 from rewards.servers import serve
@@ -367,7 +368,7 @@ def test_tool_server_down_is_env_error_not_reward_zero(tiny_tokenizer):
         port = s.getsockname()[1]
     ep, _ = play(tiny_tokenizer, [CALL, "3293"], url=f"http://127.0.0.1:{port}")
     assert ep.status == "env_error" and not ep.trainable
-    assert ep.error.startswith("agentrl.remote_tools.RemoteToolError: tool discovery at")
+    assert ep.error.startswith("agentrl.tools.RemoteToolError: tool discovery at")
     assert "connect" in ep.error.lower()
 
 

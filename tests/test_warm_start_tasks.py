@@ -12,13 +12,13 @@ from collections import Counter
 import pytest
 from fake_engine import ScriptedEngine
 
-from agentrl.chat import ChatFormat
+from agentrl.chat import ChatFormat, ledger_from_messages
 from agentrl.config import DefaultModelConfig, RolloutConfig
-from agentrl.default_model import _key, build_tokenizer
-from agentrl.remote_tools import aclose_shared
-from agentrl.rollout import EpisodeSpec, RolloutPool
-from agentrl.sft import demo_source, ledger_from_messages
-from agentrl.train import EvalResult, print_summary, score_episodes
+from agentrl.default_model import _key, build_tokenizer, demo_source
+from agentrl.tools import aclose_shared
+from agentrl.metrics import print_summary
+from agentrl.rollout.episode import EpisodeSpec
+from agentrl.rollout.pool import EvalResult, RolloutPool, score_episodes
 from agentrl.types import Episode
 from envs.calculator import DEMO_TASK_KWARGS, CalculatorEnv, demo_tasks, demonstration
 from rewards.servers import serve
@@ -124,15 +124,19 @@ def test_warm_start_caps_torch_threads_at_the_usable_cores_and_restores_them(mon
 
     import torch
 
-    import agentrl.sft as sft
+    import random
 
-    assert 1 <= sft.usable_cores() <= (os.cpu_count() or 1)
+    import agentrl.learner.sft as sft
+    from agentrl.learner.dist import usable_cores
+
+    assert 1 <= usable_cores() <= (os.cpu_count() or 1)
     monkeypatch.setattr(sft, "_train", lambda *args: float(torch.get_num_threads()))
     monkeypatch.setattr(sft, "usable_cores", lambda: 1)
     old = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        assert sft.warm_start(None, None, DefaultModelConfig()) == 1.0  # trained with 1 thread
+        settings = sft.SFTSettings(steps=1, batch_size=1, lr=1e-3)
+        assert sft.warm_start(None, [], 0, settings, random.Random(0)) == 1.0  # trained with 1 thread
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(old)

@@ -162,5 +162,6 @@ def gae(inp: AdvantageInputs) -> AdvantageOutput:
         adv_BT[:, t] = torch.where(m_B, a_B, 0.0)
         next_value_B = torch.where(m_B, values_BT[:, t], next_value_B)
         next_adv_B = torch.where(m_B, a_B, next_adv_B)
-    returns_BT = (adv_BT + values_BT) * mask_BT
-    return AdvantageOutput(advantages_BT=adv_BT * mask_BT, returns_BT=returns_BT)
+    # where, not a product with the mask: a padded value may be NaN or inf, and NaN * 0 is NaN.
+    returns_BT = torch.where(mask_BT > 0, adv_BT + values_BT, 0.0)
+    return AdvantageOutput(advantages_BT=adv_BT, returns_BT=returns_BT)

@@ -9,12 +9,12 @@ Shapes: B sequences, T ledger positions; every (B, T) tensor is aligned by posit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, fields
+from typing import Any, Callable
 
 import torch
 
-from .correction import CORRECTION_LEVELS, CORRECTIONS, correction_metrics, importance_weights, masked_mean
+from .correction import correction_metrics, importance_weights, masked_mean
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant")
 KL_KINDS = ("k1", "k2", "k3")
@@ -32,31 +32,24 @@ class PolicyLossInputs:
 
 @dataclass
 class PolicyLossConfig:
-    clip_low: float = 0.2  # r is clipped below at 1 - clip_low
-    clip_high: float = 0.2  # r is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)
-    dual_clip: float | None = None  # c > 1: loss <= -c * A for A < 0 (Ye et al. 2020, dual-clip PPO)
-    correction: str = "tis"  # "none" | "tis" (w <- min(w, is_high)) | "mask" (w <- 0 outside bounds)
-    correction_level: str = "token"  # "token" | "sequence" (w_i = geometric mean of token weights)
-    is_low: float = 0.5  # lower bound of w for "mask"
-    is_high: float = 2.0  # truncation for "tis", upper bound for "mask"
-    agg: str = "token_mean"  # see `aggregate`
-    constant_norm: float = 1.0  # "constant" aggregation divides the token sum by B * constant_norm
-    entropy_coef: float = 0.0  # loss -= entropy_coef * aggregate(entropy)
+    """Policy-loss settings. Their defaults, bounds and descriptions live in one place, the config tree's
+    `AlgoConfig` (fields of the same names); `from_settings` reads them from it."""
 
-    def __post_init__(self) -> None:
-        checks = [
-            (self.correction in CORRECTIONS, f"correction must be one of {CORRECTIONS}"),
-            (self.correction_level in CORRECTION_LEVELS, f"correction_level must be one of {CORRECTION_LEVELS}"),
-            (self.agg in AGGREGATIONS, f"agg must be one of {AGGREGATIONS}"),
-            (self.clip_low >= 0 and self.clip_high >= 0, "clip_low and clip_high must be >= 0"),
-            (self.dual_clip is None or self.dual_clip > 1, "dual_clip must be > 1"),
-            (0 <= self.is_low <= self.is_high, "need 0 <= is_low <= is_high"),
-            (self.constant_norm > 0, "constant_norm must be > 0"),
-            (self.entropy_coef >= 0, "entropy_coef must be >= 0"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(f"PolicyLossConfig: {msg}")
+    clip_low: float  # r is clipped below at 1 - clip_low
+    clip_high: float  # r is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)
+    dual_clip: float | None  # c > 1: loss <= -c * A for A < 0 (Ye et al. 2020, dual-clip PPO)
+    correction: str  # "none" | "tis" (w <- min(w, is_high)) | "mask" (w <- 0 outside bounds)
+    correction_level: str  # "token" | "sequence" (w_i = geometric mean of token weights)
+    is_low: float  # lower bound of w for "mask"
+    is_high: float  # truncation for "tis", upper bound for "mask"
+    agg: str  # see `aggregate`
+    constant_norm: float  # "constant" aggregation divides the token sum by B * constant_norm
+    entropy_coef: float  # loss -= entropy_coef * aggregate(entropy)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "PolicyLossConfig":
+        """The fields of this class read by name from `settings` (an `agentrl.config.AlgoConfig`)."""
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossConfig], tuple[torch.Tensor, dict[str, float]]]

@@ -1,9 +1,14 @@
-"""Reference servers for remote rewards, and a helper to run any aiohttp app on loopback."""
+"""Reference servers (a verifier, a tool server) and what they share: `serve` runs an aiohttp app on
+a port for as long as a block runs; `run_server` is the command-line runner (argparse with --host and
+--port, uvloop, SIGINT/SIGTERM to stop) that each server's `main` calls with its own app and options."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import contextlib
-from typing import AsyncIterator
+import signal
+from typing import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -24,3 +29,32 @@ async def serve(app: web.Application, host: str = "127.0.0.1", port: int = 0,
         yield f"http://{bound_host}:{bound_port}"
     finally:
         await runner.cleanup()
+
+
+async def _serve_until_signalled(app: web.Application, host: str, port: int, label: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with serve(app, host, port) as url:
+        print(f"{label} listening on {url}", flush=True)  # the bound port, also when --port 0
+        await stop.wait()
+
+
+def run_server(argv: list[str] | None, description: str, default_port: int, label: str,
+               make_app: Callable[[argparse.Namespace], web.Application],
+               add_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None) -> None:
+    """Parse --host, --port and the server's own options (`add_arguments`), build the app from them and
+    serve it on uvloop (asyncio when uvloop is missing) until SIGINT or SIGTERM."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=default_port, help="0 picks a free port (printed at start)")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    run(_serve_until_signalled(make_app(args), args.host, args.port, label))

@@ -1,6 +1,6 @@
 """Reference tool server: a safe calculator and a fixed lookup table over HTTP.
 
-Run it with `python -m rewards.servers.tools --port 8765` and point `agentrl.remote_tools` (or
+Run it with `python -m rewards.servers.tools --port 8765` and point `agentrl.tools.RemoteToolClient` (or
 `envs.calculator:CalculatorEnv`'s `tool_url`) at `http://127.0.0.1:8765`.
 
     GET  /tools    -> 200 {"tools": [<OpenAI function spec>, ...]}        (calculator, lookup)
@@ -17,20 +17,17 @@ exactly with fractions; `eval` is never used.
 
 from __future__ import annotations
 
-import argparse
 import ast
-import asyncio
 import json
 import math
 import operator
-import signal
 from collections import Counter
 from fractions import Fraction
 from typing import Any, Callable
 
 from aiohttp import web
 
-from rewards.servers import serve
+from rewards.servers import run_server
 
 MAX_EXPRESSION_CHARS = 200  # bounds parse time and the size of exact intermediate results
 MAX_MAGNITUDE = Fraction(10) ** 100
@@ -163,28 +160,8 @@ def make_app() -> web.Application:
     return app
 
 
-async def _run(host: str, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with serve(make_app(), host, port) as url:
-        print(f"tool server listening on {url}", flush=True)  # the bound port, also when --port 0
-        await stop.wait()
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port (printed at start)")
-    args = parser.parse_args(argv)
-    try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
-    run(_run(args.host, args.port))
+    run_server(argv, __doc__.splitlines()[0], 8765, "tool server", lambda args: make_app())
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable
@@ -28,7 +27,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from rewards.rules import last_assistant_text, last_number, numeric_match
-from rewards.servers import serve
+from rewards.servers import run_server
 
 
 @dataclass
@@ -158,35 +157,22 @@ def make_app(*, delay_s: float = 0.0, cache_size: int = 10_000, faults: Faults |
     return app
 
 
-async def _run(host: str, port: int, delay_s: float, faults: Faults) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    async with serve(make_app(delay_s=delay_s, faults=faults), host, port) as url:
-        print(f"verifier listening on {url}", flush=True)  # the bound port, also when --port 0
-        await stop.wait()
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delay-ms", type=float, default=0.0, help="simulated scoring time per request")
     parser.add_argument("--fail-rate", type=float, default=0.0, help="fraction of requests answered 500")
     parser.add_argument("--hang-rate", type=float, default=0.0, help="fraction of requests that hang --hang-s")
     parser.add_argument("--garbage-rate", type=float, default=0.0, help="fraction answered with a non-JSON body")
     parser.add_argument("--hang-s", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault injection")
-    args = parser.parse_args(argv)
-    faults = Faults(args.fail_rate, args.hang_rate, args.garbage_rate, args.hang_s, random.Random(args.seed))
-    try:
-        import uvloop
 
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
-    run(_run(args.host, args.port, args.delay_ms / 1000, faults))
+
+def _app(args: argparse.Namespace) -> web.Application:
+    faults = Faults(args.fail_rate, args.hang_rate, args.garbage_rate, args.hang_s, random.Random(args.seed))
+    return make_app(delay_s=args.delay_ms / 1000, faults=faults)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_server(argv, __doc__.splitlines()[0], 8000, "verifier", _app, _arguments)
 
 
 if __name__ == "__main__":

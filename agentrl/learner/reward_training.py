@@ -13,7 +13,7 @@ prepare every training row, and the score is read at each row's last real token 
 reads the base's, but the scorer reloads it with AutoTokenizer, which for a qwen2 folder swaps in
 Qwen2's digit-splitting pre-tokenizer; training through the scorer keeps the two in step either way.)
 
-CLI: `python -m agentrl.reward_training --base PATH --pairs pairs.jsonl --out DIR [--steps N ...]`,
+CLI: `python -m agentrl.learner.reward_training --base PATH --pairs pairs.jsonl --out DIR [--steps N ...]`,
 where each jsonl line is {"chosen": [messages], "rejected": [messages]}.
 """
 
@@ -25,7 +25,6 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field

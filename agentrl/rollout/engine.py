@@ -61,7 +61,7 @@ class Engine:
         args = AsyncEngineArgs(
             model=model_path, tokenizer=model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
-            enforce_eager=cfg.enforce_eager, worker_extension_cls="agentrl.engine.WeightReceiver",
+            enforce_eager=cfg.enforce_eager, worker_extension_cls="agentrl.rollout.engine.WeightReceiver",
             disable_log_stats=True, enable_prefix_caching=True, max_num_batched_tokens=cfg.max_num_batched_tokens,
             # A prompt split across steps breaks per-request seeded sampling on CPU (the CPU generator
             # has no offset to rewind), so prompts are always prefilled whole.

@@ -1,5 +1,5 @@
-"""The learner: wires the DeepSpeed engines (actor, reference, critic, EMA; built in `agentrl.models`)
-to the RL math of `agentrl.algo`, whose registries config picks. No RL math here.
+"""The RL learner: wires the DeepSpeed engines (actor, reference, critic, EMA; built in
+`agentrl.learner.models`) to the RL math of `agentrl.algo`, whose registries config picks. No RL math here.
 
 Runs in one process with gloo on CPU (or on CUDA when present). `step` is synchronous and is
 called from a worker thread so the event loop keeps generating while the learner works.
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -20,56 +18,13 @@ import torch
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
                           aggregate, clip_rewards, correction_metrics, importance_weights, kl_estimate,
                           kl_penalized_token_rewards, make_kl_controller, masked_mean, value_loss)
+from agentrl.algo.logprobs import token_entropy, token_logprobs
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
-from agentrl.ema import ModelEMA
-from agentrl.models import eval_engine, load_causal_lm, load_value_model, trained_engine
+from agentrl.learner.dist import init_single_process_dist
+from agentrl.learner.models import ModelEMA, eval_engine, load_causal_lm, load_value_model, trained_engine
 from agentrl.types import TrainBatch
 
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_single_process_dist() -> None:
-    """One-process gloo group, as DeepSpeed expects a distributed context."""
-    import deepspeed
-    import deepspeed.ops
-
-    for key, val in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
-        os.environ.setdefault(key, val)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    if int(os.environ["WORLD_SIZE"]) == 1:
-        # The shared-memory allreduce op only helps several ranks and costs a ~40 s C++ build.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    if not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if int(os.environ["WORLD_SIZE"]) == 1:
-            # An in-memory store: no TCP port to pick, so no race with vLLM's or a server's sockets.
-            torch.distributed.init_process_group(backend=backend, store=torch.distributed.HashStore(),
-                                                 rank=0, world_size=1)
-        else:
-            torch.distributed.init_process_group(backend=backend)
-    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
-
-
-def token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(B, T) log p(ids[t] | ids[:t]); position 0 has no prediction and is 0."""
-    logits = logits_BTV[:, :-1].float() / temperature
-    target = ids_BT[:, 1:]
-    picked = torch.gather(logits, -1, target.unsqueeze(-1)).squeeze(-1)
-    lp = picked - torch.logsumexp(logits, dim=-1)
-    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
-
-
-def token_entropy(logits_BTV: torch.Tensor, temperature: float) -> torch.Tensor:
-    """(B, T) entropy of the distribution that predicted token t (aligned with `token_logprobs`)."""
-    logp = torch.log_softmax(logits_BTV[:, :-1].float() / temperature, dim=-1)
-    ent = -(logp.exp() * logp).sum(-1)
-    return torch.cat([torch.zeros_like(ent[:, :1]), ent], dim=1)
 
 
 @dataclass
@@ -126,10 +81,7 @@ class Learner:
         self.unsup_batches = unsup_batches
         self.kl_ctl = make_kl_controller(algo.kl_controller, algo.kl_coef, algo.kl_target, algo.kl_horizon)
         self.reward_moments = RunningMoments()
-        self.loss_cfg = PolicyLossConfig(
-            clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip, correction=algo.correction,
-            correction_level=algo.correction_level, is_low=algo.is_low, is_high=algo.is_high,
-            agg=algo.agg, entropy_coef=algo.entropy_coef)
+        self.loss_cfg = PolicyLossConfig.from_settings(algo)
         self.loss_fn = POLICY_LOSSES[algo.policy_loss]
         self.version = 0  # actor optimizer steps (also counted while the actor is frozen: pushes stay ordered)
         self.batches_seen = 0
@@ -332,7 +284,7 @@ class Learner:
         module = self.engine.module
         with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.cfg.zero_stage == 3):
             if self.cfg.lora.rank > 0:
-                from agentrl.lora import merged_state_dict
+                from agentrl.learner.lora import merged_state_dict
 
                 return merged_state_dict(module)
             return {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in module.state_dict().items()}

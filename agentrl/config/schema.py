@@ -1,23 +1,18 @@
-"""One validated config tree, loaded from YAML and overridable with `dotted.key=value` arguments.
+"""The config tree: one pydantic model per stage, in data-flow order; every field documented and bounded.
 
-Every field is documented and bounded. Unknown keys are an error that names the key and the
-nearest valid one (`rollout.n_sampels` -> did you mean `rollout.n_samples`?).
+Reward sources are a typed union in `agentrl.config.sources`. Registry names (advantage estimators,
+policy losses, tool parsers) are checked against the registries of `agentrl.algo` and
+`agentrl.tools`, imported inside the validators: both are leaves that import nothing of the project
+above them. Loading YAML and the nearest-key errors are in `agentrl.config.load`.
 """
 
 from __future__ import annotations
 
-import difflib
-import typing
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message says which key and why."""
-
+from agentrl.config.sources import RewardsConfig
 
 class _Base(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -134,6 +129,8 @@ class AlgoConfig(_Base):
     is_high: float = Field(2.0, ge=1.0, description="truncation cap ('tis') or upper bound ('mask')")
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
         "token_mean", description="loss aggregation")
+    constant_norm: float = Field(1.0, gt=0.0, description="'constant' aggregation divides the token sum by "
+                                                          "B * constant_norm")
     entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="entropy bonus coefficient")
     kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of the KL(pi || reference) loss term; "
                                                                "> 0 builds a frozen reference engine")
@@ -252,50 +249,6 @@ class TrainConfig(_Base):
     seed: int = Field(0, ge=0, description="learner seed")
 
 
-class RewardSourceConfig(_Base):
-    """One reward source; the episode's reward is the weighted sum over sources."""
-
-    name: str = Field(description="label in metrics (reward/<name>/...) and in episode.info['rewards']")
-    type: Literal["env", "rule", "http", "reward_model"] = Field(
-        description="env: the env's own step rewards; rule: a function (completion, answer) -> float; "
-                    "http: a verifier URL; reward_model: a local sequence classifier")
-    weight: float = Field(1.0, ge=-1000, le=1000, description="multiplier of this source's value")
-    rule: str | None = Field(None, description="type rule: 'package.module:function', e.g. rewards.rules:numeric_match")
-    answer_key: str = Field("answer", description="type rule: the task field holding the reference answer")
-    http: dict[str, Any] | None = Field(None, description="type http: rewards.http_verifier.VerifierConfig fields "
-                                                          "(url, timeouts, max_retries, max_concurrency, ...)")
-    reward_model: dict[str, Any] | None = Field(None, description="type reward_model: "
-                                                                  "rewards.reward_model.RewardModelConfig fields")
-
-    @model_validator(mode="after")
-    def _settings_for_type(self) -> "RewardSourceConfig":
-        needed = {"rule": self.rule, "http": self.http, "reward_model": self.reward_model}
-        if self.type in needed and needed[self.type] is None:
-            raise ValueError(f"reward source '{self.name}' of type {self.type} needs the '{self.type}' setting")
-        if self.type == "http":
-            from rewards.http_verifier import VerifierConfig
-
-            VerifierConfig(**self.http)  # fail at load time, naming the bad field
-        return self
-
-
-class RewardsConfig(_Base):
-    """Where rewards come from and what happens when a source fails."""
-
-    sources: list[RewardSourceConfig] = Field(default_factory=list,
-                                              description="reward sources; empty = the env's own reward")
-    on_failure: Literal["retry", "drop"] = Field(
-        "retry", description="a failed source is asked again (retry) or the episode is dropped at once (drop)")
-    max_retries: int = Field(2, ge=0, le=20, description="episode-level re-asks of a failed source (retry)")
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> "RewardsConfig":
-        names = [s.name for s in self.sources]
-        if len(set(names)) != len(names):
-            raise ValueError(f"reward source names must be unique, got {names}")
-        return self
-
-
 class Config(_Base):
     """The whole run: one section per stage, in data-flow order."""
 
@@ -323,85 +276,3 @@ class Config(_Base):
         return self
 
 
-def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
-    keys = []
-    for name, field in model.model_fields.items():
-        keys.append(prefix + name)
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            keys += _all_keys(ann, prefix + name + ".")
-    return keys
-
-
-def _list_item_model(ann: Any) -> type[BaseModel] | None:
-    """The item model of a `list[SomeModel]` annotation, else None."""
-    args = typing.get_args(ann)
-    if typing.get_origin(ann) is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
-        return args[0]
-    return None
-
-
-def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
-    """Reject unknown keys with the nearest valid one, before pydantic sees them."""
-    if not isinstance(data, dict):
-        return
-    for key, value in data.items():
-        dotted = prefix + str(key)
-        field = model.model_fields.get(str(key))
-        if field is None:
-            # Compare the last component with this section's names (a shared prefix would make any
-            # nested key look close), then with every dotted key (a key put in the wrong section).
-            guess = difflib.get_close_matches(str(key), list(model.model_fields), n=1, cutoff=0.6)
-            if not guess:
-                by_leaf = {k.rsplit(".", 1)[-1]: k for k in _all_keys(Config)}
-                guess = [by_leaf[g] for g in difflib.get_close_matches(str(key), list(by_leaf), n=1, cutoff=0.8)]
-            else:
-                guess = [prefix + guess[0]]
-            hint = f"; did you mean '{guess[0]}'?" if guess else f"; valid keys here: {sorted(model.model_fields)}"
-            raise ConfigError(f"unknown config key '{dotted}'{hint}")
-        ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            if value is None:  # a YAML section whose keys are all commented out
-                data[key] = value = {}
-            _check_keys(value, ann, dotted + ".")
-        item = _list_item_model(ann)
-        if item is not None and isinstance(value, list):
-            for i, entry in enumerate(value):
-                _check_keys(entry, item, f"{dotted}.{i}.")
-
-
-def apply_override(data: dict[str, Any], override: str) -> None:
-    """Apply `a.b.c=value`; the value is parsed as YAML (so 3, 0.5, true, null, [1,2] work)."""
-    if "=" not in override:
-        raise ConfigError(f"override {override!r} must look like dotted.key=value")
-    key, _, raw = override.partition("=")
-    parts = key.strip().split(".")
-    node = data
-    for part in parts[:-1]:
-        if node.get(part) is None:
-            node[part] = {}
-        node = node[part]
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {key!r}: '{part}' is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
-
-
-def build_config(data: dict[str, Any]) -> Config:
-    _check_keys(data, Config)
-    try:
-        return Config.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()]
-        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
-
-
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-    for override in overrides:
-        apply_override(data, override)
-    return build_config(data)

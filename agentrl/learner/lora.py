@@ -3,7 +3,7 @@
 apply_lora wraps a model with peft's LoRA: W x + (alpha / r) * B A x on the target Linear layers, with
 A random, B zero (so the wrapped model starts equal to the base) and only A, B trainable.
   * A causal LM gets task type CAUSAL_LM (PeftModelForCausalLM).
-  * Any other module, e.g. `agentrl.critic.ValueModel`, gets peft's task-agnostic PeftModel:
+  * Any other module, e.g. `agentrl.learner.models.ValueModel`, gets peft's task-agnostic PeftModel:
     PeftModelForCausalLM needs `prepare_inputs_for_generation`, which a critic lacks. The critic's
     `value_head` is listed in `modules_to_save` (a trainable full copy, saved with the adapter) and is
     excluded from the LoRA targets, so the head trains in full while the body trains through LoRA.

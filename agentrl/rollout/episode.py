@@ -1,4 +1,4 @@
-"""Episodes against the engine: `run_episode` builds one token ledger; `RolloutPool` runs many at once.
+"""One episode against the engine: `run_episode` builds its token ledger (`Episode.append`).
 
 Nothing here knows about DeepSpeed. Failures of user code (Env) and of the engine end only their
 own episode with a recorded status; cancellation (shutdown) still propagates.
@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import traceback
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentrl.chat import ChatFormat
 from agentrl.config import RolloutConfig
-from agentrl.engine import Generation
+from agentrl.rollout.engine import Generation
 from agentrl.env import Action, Env, to_messages
-from agentrl.tools import ToolCallStats, get_tool_parser, record_tool_turn
-from agentrl.types import TRAINABLE_STATUSES, Episode, Group, Turn
+from agentrl.tools import get_tool_parser, record_tool_turn
+from agentrl.types import Episode, Turn
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +27,6 @@ class GenerateFn(Protocol):
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None) -> Generation: ...
-
-
-class Scorer(Protocol):
-    """Sets a finished episode's reward (or marks it "reward_error"); rewards.sources.RewardCombiner."""
-
-    async def score(self, episode: Episode) -> None: ...
 
 
 class EngineFailure(Exception):
@@ -133,44 +125,3 @@ async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpe
             except Exception as exc:  # a failing close() is recorded but keeps the episode's result
                 ep.info["close_error"] = repr(exc)
     return ep
-
-
-class RolloutPool:
-    """Runs episodes concurrently on the current event loop under a concurrency cap, and counts them."""
-
-    def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None) -> None:
-        self.engine, self.spec, self.scorer = engine, spec, scorer
-        self._sem = asyncio.Semaphore(spec.cfg.max_concurrency)
-        self.in_flight = 0
-        self.status_counts: Counter[str] = Counter()
-        self.generated_tokens = 0
-        self.tool_stats = ToolCallStats()  # tool_calls, tool_parse_errors, turns, episodes_without_tool_call
-        self.started = time.perf_counter()
-
-    async def episode(self, task: dict[str, Any], group_id: int, seed: int | None = None) -> Episode:
-        async with self._sem:
-            self.in_flight += 1
-            try:
-                ep = await run_episode(task, self.engine, self.spec, group_id, seed)
-            finally:
-                self.in_flight -= 1
-        if self.scorer is not None and ep.status in TRAINABLE_STATUSES:
-            await self.scorer.score(ep)  # outside the episode cap: sources have caps of their own
-        self.status_counts[ep.status] += 1
-        self.generated_tokens += ep.n_generated
-        self.tool_stats.add_episode(ep)
-        if ep.status not in TRAINABLE_STATUSES:
-            log.warning("episode %s ended with %s: %s", ep.task_id, ep.status, ep.error)
-        return ep
-
-    async def group(self, task: dict[str, Any], group_id: int, n: int, issued_version: int = 0) -> Group:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self.episode(task, group_id)) for _ in range(n)]
-        return Group(group_id=group_id, task=task, episodes=[t.result() for t in tasks],
-                     issued_version=issued_version)
-
-    async def evaluate(self, tasks: list[dict[str, Any]], seed: int) -> list[Episode]:
-        """One episode per task, with per-task sampling seeds so a re-run sees the same randomness."""
-        async with asyncio.TaskGroup() as tg:
-            jobs = [tg.create_task(self.episode(t, -1 - i, seed=seed * 100_003 + i)) for i, t in enumerate(tasks)]
-        return [j.result() for j in jobs]

@@ -1,0 +1,18 @@
+"""One validated config tree (`schema`, `sources`) and its loader (`load`): YAML, dotted overrides,
+unknown keys named with the nearest valid one. Imports nothing of the project but registry names
+from the leaf modules `agentrl.algo` and `agentrl.tools` (inside validators)."""
+
+from agentrl.config.load import ConfigError, apply_override, build_config, load_config
+from agentrl.config.schema import (AlgoConfig, BufferConfig, Config, CriticConfig, DataConfig, DefaultModelConfig,
+                                   EngineConfig, EnvConfig, LearnerConfig, LoraConfig, ModelConfig, OptimConfig,
+                                   RolloutConfig, TrainConfig, WeightSyncConfig)
+from agentrl.config.sources import (SOURCE_TYPES, EndpointConfig, EnvSource, HttpSource, RewardModelConfig,
+                                    RewardModelSource, RewardsConfig, RewardSourceConfig, RuleSource, VerifierConfig)
+
+__all__ = [
+    "SOURCE_TYPES", "AlgoConfig", "BufferConfig", "Config", "ConfigError", "CriticConfig", "DataConfig",
+    "DefaultModelConfig", "EndpointConfig", "EngineConfig", "EnvConfig", "EnvSource", "HttpSource", "LearnerConfig",
+    "LoraConfig", "ModelConfig", "OptimConfig", "RewardModelConfig", "RewardModelSource", "RewardSourceConfig",
+    "RewardsConfig", "RolloutConfig", "RuleSource", "TrainConfig", "VerifierConfig", "WeightSyncConfig",
+    "apply_override", "build_config", "load_config",
+]

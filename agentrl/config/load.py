@@ -1,0 +1,165 @@
+"""Loading the config tree: YAML, `dotted.key=value` overrides, and errors a user can act on.
+
+Unknown keys are rejected before pydantic sees them, naming the key and the nearest valid one
+(`rollout.n_sampels` -> did you mean `rollout.n_samples`?), also inside reward sources, whose valid
+keys depend on their `type`. Every failure is a `ConfigError` whose message is one line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from agentrl.config.schema import Config
+from agentrl.config.sources import SOURCE_TYPES, RewardsConfig
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the one-line message says which file, line or key and why."""
+
+
+def _nested_model(ann: Any) -> type[BaseModel] | None:
+    """The model of a field annotated `SomeModel` or `SomeModel | None`, else None."""
+    for candidate in (ann, *typing.get_args(ann)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _is_source_list(model: type[BaseModel], key: str) -> bool:
+    """`rewards.sources`: a list of the reward-source union, whose valid keys depend on each entry's type."""
+    return model is RewardsConfig and key == "sources"
+
+
+def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        keys.append(prefix + name)
+        nested = _nested_model(field.annotation)
+        if nested is not None:
+            keys += _all_keys(nested, prefix + name + ".")
+        if _is_source_list(model, name):
+            for source in SOURCE_TYPES.values():
+                keys += _all_keys(source, prefix + name + ".N.")
+    return keys
+
+
+def _unknown_key(key: str, model: type[BaseModel], prefix: str) -> ConfigError:
+    # Compare with this section's names first (a shared prefix would make any nested key look close),
+    # then with every dotted key by its last component (a key put in the wrong section).
+    guess = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    if guess:
+        hint = f"; did you mean '{prefix + guess[0]}'?"
+    else:
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in _all_keys(Config)}
+        leaf = difflib.get_close_matches(key, list(by_leaf), n=1, cutoff=0.8)
+        hint = f"; did you mean '{by_leaf[leaf[0]]}'?" if leaf else f"; valid keys here: {sorted(model.model_fields)}"
+    return ConfigError(f"unknown config key '{prefix + key}'{hint}")
+
+
+def _check_sources(entries: Any, prefix: str) -> None:
+    """Each reward source is checked against the settings of its own `type`."""
+    if not isinstance(entries, list):
+        return
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            continue
+        kind = entry.get("type")
+        if kind not in SOURCE_TYPES:
+            guess = difflib.get_close_matches(str(kind), list(SOURCE_TYPES), n=1, cutoff=0.6)
+            hint = f"; did you mean '{guess[0]}'?" if guess else ""
+            raise ConfigError(f"{prefix}{i}.type={kind!r} is not one of {sorted(SOURCE_TYPES)}{hint}")
+        fields = SOURCE_TYPES[kind].model_fields
+        for key in entry:
+            owners = [t for t, model in SOURCE_TYPES.items() if key not in fields and key in model.model_fields]
+            if owners:
+                raise ConfigError(f"config key '{prefix}{i}.{key}' is a setting of reward sources of type "
+                                  f"{' / '.join(owners)}, not of type {kind}")
+        _check_keys(entry, SOURCE_TYPES[kind], f"{prefix}{i}.")
+
+
+def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
+    """Reject unknown keys with the nearest valid one, before pydantic sees them."""
+    if not isinstance(data, dict):
+        return
+    for key, value in data.items():
+        field = model.model_fields.get(str(key))
+        if field is None:
+            raise _unknown_key(str(key), model, prefix)
+        dotted = prefix + str(key)
+        nested = _nested_model(field.annotation)
+        if nested is not None:
+            if value is None and field.default is not None:  # a YAML section whose keys are all commented out
+                data[key] = value = {}
+            _check_keys(value, nested, dotted + ".")
+        if _is_source_list(model, str(key)):
+            _check_sources(value, dotted + ".")
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Apply `a.b.c=value`; the value is parsed as YAML (so 3, 0.5, true, null, [1,2] work)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like dotted.key=value")
+    key, _, raw = override.partition("=")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key!r}: '{part}' is not a section")
+    try:
+        node[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(exc)})") from None
+
+
+def _loc(loc: tuple) -> str:
+    # A discriminated union adds the member's tag to the location: rewards.sources.0.http.http.url.
+    parts = [str(p) for p in loc]
+    out = [p for i, p in enumerate(parts) if not (i > 0 and p in SOURCE_TYPES and parts[i - 1].isdigit())]
+    return ".".join(out) or "config"
+
+
+def _problem(err: dict) -> str:
+    msg = err["msg"].removeprefix("Value error, ")  # our validators' messages name their keys already
+    loc = _loc(err["loc"])
+    return msg if loc == "config" else f"{loc}: {msg}"
+
+
+def build_config(data: dict[str, Any]) -> Config:
+    _check_keys(data, Config)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("invalid config: " + "; ".join(_problem(err) for err in exc.errors())) from None
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + str(getattr(exc, "problem", None) or exc).replace("\n", " ")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: malformed YAML at {_yaml_problem(exc)}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    for override in overrides:
+        apply_override(data, override)
+    return build_config(data)

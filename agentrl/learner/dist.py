@@ -1,0 +1,51 @@
+"""Process groups and CPU budget for the learner: one process today (gloo, in-memory store);
+torchrun and Ray ranks plug in here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_single_process_dist() -> None:
+    """One-process gloo group, as DeepSpeed expects a distributed context."""
+    import deepspeed
+    import deepspeed.ops
+
+    for key, val in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, val)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    if int(os.environ["WORLD_SIZE"]) == 1:
+        # The shared-memory allreduce op only helps several ranks and costs a ~40 s C++ build.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if int(os.environ["WORLD_SIZE"]) == 1:
+            # An in-memory store: no TCP port to pick, so no race with vLLM's or a server's sockets.
+            torch.distributed.init_process_group(backend=backend, store=torch.distributed.HashStore(),
+                                                 rank=0, world_size=1)
+        else:
+            torch.distributed.init_process_group(backend=backend)
+    deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota if one is set."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return cores

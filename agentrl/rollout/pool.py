@@ -1,0 +1,149 @@
+"""Many episodes at once on one event loop: `RolloutPool` (concurrency cap, counters, eval scoring) and
+`Producer`, which admits groups through the staleness buffer and runs them on the pool.
+
+Nothing here knows about DeepSpeed or the learner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol
+
+import torch
+
+from agentrl.algo import informative_groups
+from agentrl.buffer import BufferClosed, StalenessBuffer
+from agentrl.rollout.episode import EpisodeSpec, GenerateFn, run_episode
+from agentrl.tools import ToolCallStats
+from agentrl.types import TRAINABLE_STATUSES, Episode, Group
+
+log = logging.getLogger(__name__)
+
+
+class Scorer(Protocol):
+    """Sets a finished episode's reward (or marks it "reward_error"); rewards.sources.RewardCombiner."""
+
+    async def score(self, episode: Episode) -> None: ...
+
+
+class RolloutPool:
+    """Runs episodes concurrently on the current event loop under a concurrency cap, and counts them."""
+
+    def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None) -> None:
+        self.engine, self.spec, self.scorer = engine, spec, scorer
+        self._sem = asyncio.Semaphore(spec.cfg.max_concurrency)
+        self.in_flight = 0
+        self.status_counts: Counter[str] = Counter()
+        self.generated_tokens = 0
+        self.tool_stats = ToolCallStats()  # tool_calls, tool_parse_errors, turns, episodes_without_tool_call
+        self.started = time.perf_counter()
+
+    async def episode(self, task: dict[str, Any], group_id: int, seed: int | None = None) -> Episode:
+        async with self._sem:
+            self.in_flight += 1
+            try:
+                ep = await run_episode(task, self.engine, self.spec, group_id, seed)
+            finally:
+                self.in_flight -= 1
+        if self.scorer is not None and ep.status in TRAINABLE_STATUSES:
+            await self.scorer.score(ep)  # outside the episode cap: sources have caps of their own
+        self.status_counts[ep.status] += 1
+        self.generated_tokens += ep.n_generated
+        self.tool_stats.add_episode(ep)
+        if ep.status not in TRAINABLE_STATUSES:
+            log.warning("episode %s ended with %s: %s", ep.task_id, ep.status, ep.error)
+        return ep
+
+    async def group(self, task: dict[str, Any], group_id: int, n: int, issued_version: int = 0) -> Group:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self.episode(task, group_id)) for _ in range(n)]
+        return Group(group_id=group_id, task=task, episodes=[t.result() for t in tasks],
+                     issued_version=issued_version)
+
+    async def evaluate(self, tasks: list[dict[str, Any]], seed: int) -> list[Episode]:
+        """One episode per task, with per-task sampling seeds so a re-run sees the same randomness."""
+        async with asyncio.TaskGroup() as tg:
+            jobs = [tg.create_task(self.episode(t, -1 - i, seed=seed * 100_003 + i)) for i, t in enumerate(tasks)]
+        return [j.result() for j in jobs]
+
+
+@dataclass
+class EvalResult:
+    score: float  # mean reward over episodes that finished (ok / truncated)
+    success_rate: float
+    n: int
+    failed: dict[str, int] = field(default_factory=dict)  # infrastructure failures, not scored
+    # Share of finished episodes with a tool call the server executed without error (the env's
+    # info["tool_success"]); None when the env reports no tool use.
+    tool_call_success_rate: float | None = None
+
+
+def score_episodes(episodes: list[Episode]) -> EvalResult:
+    done = [e for e in episodes if e.status in ("ok", "truncated")]
+    failed = Counter(e.status for e in episodes if e.status not in ("ok", "truncated"))
+    n = max(len(done), 1)
+    result = EvalResult(sum(e.reward for e in done) / n, sum(e.success for e in done) / n, len(done), dict(failed))
+    if any("tool_success" in e.info.get("env", {}) for e in done):
+        result.tool_call_success_rate = sum(bool(e.info["env"].get("tool_success")) for e in done) / n
+    return result
+
+
+class Producer:
+    """Admits groups through the buffer and runs them on the pool until stopped."""
+
+    def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Iterator[dict], n: int,
+                 dynamic_filter: bool = False) -> None:
+        """`dynamic_filter`: groups whose trainable episodes all got the same reward carry no group-
+        relative signal; they give their slot back and another group is sampled (DAPO)."""
+        self.buffer, self.pool, self.tasks, self.n = buffer, pool, tasks, n
+        self.dynamic_filter = dynamic_filter
+        self.groups_finished = self.groups_filtered = 0
+        self._jobs: set[asyncio.Task] = set()
+        self._next_id = 0
+
+    async def run(self) -> None:
+        try:
+            while True:
+                version = await self.buffer.admit()
+                job = asyncio.create_task(self._group(next(self.tasks), self._next_id, version))
+                self._next_id += 1
+                self._jobs.add(job)
+                job.add_done_callback(self._jobs.discard)
+        except BufferClosed:
+            pass
+
+    async def _group(self, task: dict, group_id: int, version: int) -> None:
+        group = await self.pool.group(task, group_id, self.n, version)
+        if self.buffer.closed:
+            return
+        self.groups_finished += 1
+        if self.dynamic_filter and not _informative(group.episodes):
+            self.groups_filtered += 1
+            self.buffer.release()
+            return
+        self.buffer.put(group)
+
+    async def stop(self) -> None:
+        self.buffer.close()
+        for job in list(self._jobs):
+            job.cancel()
+        await asyncio.gather(*self._jobs, return_exceptions=True)
+
+    def metrics(self) -> dict[str, float]:
+        if not self.dynamic_filter:
+            return {}
+        return {"filter/groups_dropped": self.groups_filtered,
+                "filter/drop_rate": self.groups_filtered / max(self.groups_finished, 1)}
+
+
+def _informative(episodes: list[Episode]) -> bool:
+    """Whether a group's trainable episodes have different rewards (a group-relative signal)."""
+    trainable = [e for e in episodes if e.trainable]
+    if len(trainable) < 2:
+        return False
+    rewards = torch.tensor([e.reward for e in trainable])
+    return bool(informative_groups(rewards, torch.zeros(len(trainable), dtype=torch.long)).any())
