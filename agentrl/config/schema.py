@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentrl.config.sources import RewardsConfig
-
-class _Base(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
+from agentrl.config.sources import _Strict as _Base  # one strict base (unknown keys forbidden) for the tree
 
 class DefaultModelConfig(_Base):
     """The embedded default model, built and warm-started locally when `model.path` is unset."""
