@@ -15,13 +15,34 @@ from typing import Iterator
 
 import torch
 
-from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
-                          aggregate, clip_rewards, correction_metrics, importance_weights, kl_estimate,
-                          kl_penalized_token_rewards, make_kl_controller, masked_mean, value_loss)
+from agentrl.algo import (
+    ADVANTAGES,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    PolicyLossConfig,
+    PolicyLossInputs,
+    RunningMoments,
+    aggregate,
+    clip_rewards,
+    correction_metrics,
+    importance_weights,
+    kl_estimate,
+    kl_penalized_token_rewards,
+    make_kl_controller,
+    masked_mean,
+    value_loss,
+)
+from agentrl.algo.fused_logprobs import temperature_logprobs
 from agentrl.algo.logprobs import picked_logprobs, sampling_entropy, sampling_logits
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import init_single_process_dist
-from agentrl.learner.models import ModelEMA, eval_engine, load_causal_lm, load_value_model, trained_engine
+from agentrl.learner.models import (
+    ModelEMA,
+    eval_engine,
+    load_causal_lm,
+    load_value_model,
+    trained_engine,
+)
 from agentrl.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -102,6 +123,11 @@ class Learner:
         ids = batch.input_ids[rows].to(self.device)
         attn = batch.attention_mask[rows].to(self.device)
         logits = (engine or self.engine)(input_ids=ids, attention_mask=attn).logits
+        entropy_grad = torch.is_grad_enabled() and self.algo.entropy_coef > 0
+        if self.top_p >= 1.0 and not (with_entropy and entropy_grad):
+            # The common case, chunked through the cache: cheaper than one log_softmax (fused_logprobs).
+            logp, entropy = temperature_logprobs(logits, ids, self.temperature, with_entropy=with_entropy)
+            return (logp, entropy) if with_entropy else logp
         # Truncating costs a vocabulary sort per row: only rows whose token enters a loss or metric.
         scored = batch.loss_mask[rows].to(self.device)
         logits = sampling_logits(logits, self.temperature, self.top_p, scored_BT=scored)
@@ -110,7 +136,7 @@ class Learner:
             return logp
         # The entropy keeps its graph only when it is a loss term; as a metric it is computed without
         # one (a (B, T, V) softmax whose graph costs as much as the logprobs' at a 49k vocabulary).
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.algo.entropy_coef > 0):
+        with torch.set_grad_enabled(entropy_grad):
             return logp, sampling_entropy(logits)
 
     def _forward_values(self, batch: TrainBatch, rows: slice) -> torch.Tensor:

@@ -1,0 +1,60 @@
+"""Helpers shared by the benchmarks: model names, a uvloop runner, progress lines and plain-text tables."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+_T0 = time.perf_counter()
+
+
+def resolve_model(name: str) -> str:
+    """'default' -> the embedded default model's folder; a prepared name (smollm2-135m-instruct) -> its
+    folder; anything else is taken as a Hugging Face folder."""
+    if name == "default":
+        from agentrl.config import DefaultModelConfig
+        from agentrl.default_model import ensure_default_model
+
+        return str(ensure_default_model(DefaultModelConfig()))
+    from agentrl.models import is_named, prepare
+
+    return str(prepare(name)) if is_named(name) else name
+
+
+def progress(msg: str) -> None:
+    """A timestamped progress line on stderr (the tables go to stdout)."""
+    print(f"[{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def run_uvloop(coro: Awaitable[Any]) -> Any:
+    """Run on uvloop, the loop train.py uses, so event-loop costs are the ones training pays."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = "") -> str:
+    """A left-aligned first column, right-aligned others; floats keep the caller's formatting."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    out = [title] if title else []
+    out += [line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
