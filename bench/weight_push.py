@@ -1,6 +1,7 @@
 """Weight push cost against the learner step it follows, for the default model and SmolLM2-135M.
 
     python bench/weight_push.py [--models default,smollm2-135m-instruct] [--pushes 3] [--batch 16] [--seq 384]
+                                [--engine-dtype float32|bfloat16]
 
 For each model, one process runs a real vLLM engine and a real DeepSpeed Learner, as `train.py` does:
 1. the learner step on a padded batch of `--batch` sequences of `--seq` tokens (1 warm-up, then timed);
@@ -9,7 +10,8 @@ For each model, one process runs a real vLLM engine and a real DeepSpeed Learner
    hand-over read (the file read back, timed here in this process as the worker does it),
    and the generation pause (pause -> RPC with the path -> reload_weights -> resume);
 3. this machine's memcpy bandwidth on a buffer of the same size, next to the hand-over's bytes/s.
-Prints a table per model and the ratio pause / learner step (goal: <= 2 % on SmolLM2).
+Prints a table per model and the ratio pause / learner step (goal: <= 2 % on SmolLM2). With `--engine-dtype
+bfloat16` the engine serves bfloat16 and the learner (float32) sends its weights cast to bfloat16: half the bytes.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ async def bench_model(name: str, args: argparse.Namespace) -> dict:
     from agentrl.learner.rl import Learner
     from agentrl.learner.weight_sync import EngineWeightSync, handover_dir
     from agentrl.rollout.engine import Engine
+    from agentrl.train import push_dtype
 
     if name == "default":
         from agentrl.default_model import ensure_default_model
@@ -95,8 +98,8 @@ async def bench_model(name: str, args: argparse.Namespace) -> dict:
 
         path = str(prepare(name))
     tok = load_tokenizer(path)
-    print(f"\n== {name}: {path}", flush=True)
-    engine = Engine.start(path, EngineConfig(max_num_seqs=16, max_model_len=512), tok.eos_token_id)
+    print(f"\n== {name}: {path} (engine {args.engine_dtype})", flush=True)
+    engine = Engine.start(path, EngineConfig(max_num_seqs=16, max_model_len=512, dtype=args.engine_dtype), tok.eos_token_id)
     try:
         learner = await asyncio.to_thread(Learner, path, LearnerConfig(lr=1e-6, micro_batch_size=4), AlgoConfig(),
                                           1.0, args.batch)
@@ -110,7 +113,8 @@ async def bench_model(name: str, args: argparse.Namespace) -> dict:
             print(f"  learner step {i} ({'warm-up' if i == 0 else 'timed'}): {time.perf_counter() - t0:.2f} s", flush=True)
         step_s = statistics.median(step_times)
 
-        sync = EngineWeightSync(lambda: learner.state_dict_cpu(clone=False), engine, deadline_s=300)
+        sync = EngineWeightSync(lambda: learner.state_dict_cpu(clone=False), engine, deadline_s=300,
+                                dtype=push_dtype(args.engine_dtype))
         prompt = tok.encode("<|im_start|>user\nCount to fifty.<|im_end|>\n<|im_start|>assistant\n",
                             add_special_tokens=False)
         stop = asyncio.Event()
@@ -130,7 +134,7 @@ async def bench_model(name: str, args: argparse.Namespace) -> dict:
             probe = handover_dir(None, res.bytes) / "agentrl-bench-read.safetensors"
             from agentrl.learner.weight_sync import write_snapshot
 
-            write_snapshot(state, probe, None)
+            write_snapshot(state, probe, push_dtype(args.engine_dtype))
             reads.append(read_file_s(probe))
             probe.unlink()
             print(f"  push v{v}: snapshot {res.snapshot_s:.3f} s, pause {res.pause_s:.3f} s, "
@@ -173,6 +177,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed learner steps (after one warm-up)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=384)
+    parser.add_argument("--engine-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the dtype vLLM serves (and the push sends)")
     args = parser.parse_args()
     import uvloop
 
