@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from agentrl.buffer import BatchAssembly, StalenessBuffer
 from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.config import Config, ConfigError, load_config
@@ -105,11 +103,6 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
     pushes = await sync.drain()
     return {"max_staleness_seen": max_stale_seen, "buffer": buffer.stats(),
             "final_push_ok": all(p.ok for p in pushes)}
-
-
-def push_dtype(engine_dtype: str) -> torch.dtype | None:
-    """Send weights in the dtype the engine serves (half the bytes for bfloat16); None keeps float32."""
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype)
 
 
 def critic_init_path(cfg: Config, model_path: str) -> str:
@@ -216,7 +209,7 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     """Build every stage, evaluate, train, evaluate, save; returns the summary."""
     from agentrl.data import task_stream
     from agentrl.learner.models import frozen_engine
-    from agentrl.learner.weight_sync import EngineWeightSync
+    from agentrl.learner.weight_sync import EngineWeightSync, push_dtype
     from agentrl.rollout.engine import Engine
     from agentrl.rollout.episode import EpisodeSpec
     from agentrl.tools import aclose_shared

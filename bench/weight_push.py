@@ -83,11 +83,15 @@ async def keep_generating(engine, stop: asyncio.Event, prompt: list[int]) -> int
 
 async def bench_model(name: str, args: argparse.Namespace) -> dict:
     from agentrl.chat import load_tokenizer
-    from agentrl.config import AlgoConfig, DefaultModelConfig, EngineConfig, LearnerConfig
+    from agentrl.config import (
+        AlgoConfig,
+        DefaultModelConfig,
+        EngineConfig,
+        LearnerConfig,
+    )
     from agentrl.learner.rl import Learner
-    from agentrl.learner.weight_sync import EngineWeightSync, handover_dir
+    from agentrl.learner.weight_sync import EngineWeightSync, handover_dir, push_dtype
     from agentrl.rollout.engine import Engine
-    from agentrl.train import push_dtype
 
     if name == "default":
         from agentrl.default_model import ensure_default_model

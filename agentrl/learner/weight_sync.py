@@ -65,6 +65,11 @@ def handover_dir(preferred: str | None, need_bytes: int) -> Path:
     return Path(tempfile.gettempdir())
 
 
+def push_dtype(engine_dtype: str) -> torch.dtype | None:
+    """Send weights in the dtype the engine serves (half the bytes for bfloat16); None keeps float32."""
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype)
+
+
 def write_snapshot(state: dict[str, torch.Tensor], path: Path, dtype: torch.dtype | None) -> int:
     """Write `state` (cast to `dtype` when the engine serves another dtype) as one safetensors file,
     atomically: the engine never sees a half-written file. Returns the bytes written."""
