@@ -17,6 +17,10 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentrl.config import DefaultModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,16 @@ NAMED: dict[str, NamedModel] = {
 
 def is_named(path: str) -> bool:
     return path in NAMED
+
+
+def resolve_path(path: str | None, default: DefaultModelConfig) -> str:
+    """The model folder to load: a named model's prepared folder (prepared on first use), any other
+    path as given, or the embedded default model (built on first use) when `path` is empty."""
+    if not path:
+        from agentrl.default_model import ensure_default_model
+
+        return str(ensure_default_model(default))
+    return str(prepare(path)) if is_named(path) else path
 
 
 def prepared_folder(name: str, dtype: str = "float32") -> Path:

@@ -157,15 +157,9 @@ def check_model_path(path: str) -> None:
 
 
 def resolve_model(cfg: Config) -> str:
-    from agentrl.models import is_named, prepare
+    from agentrl.models import resolve_path
 
-    if cfg.model.path and is_named(cfg.model.path):
-        return str(prepare(cfg.model.path))
-    if cfg.model.path:
-        return cfg.model.path
-    from agentrl.default_model import ensure_default_model
-
-    return str(ensure_default_model(cfg.model.default))
+    return resolve_path(cfg.model.path, cfg.model.default)
 
 
 @dataclass

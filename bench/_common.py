@@ -20,14 +20,10 @@ _T0 = time.perf_counter()
 def resolve_model(name: str) -> str:
     """'default' -> the embedded default model's folder; a prepared name (smollm2-135m-instruct) -> its
     folder; anything else is taken as a Hugging Face folder."""
-    if name == "default":
-        from agentrl.config import DefaultModelConfig
-        from agentrl.default_model import ensure_default_model
+    from agentrl.config import DefaultModelConfig
+    from agentrl.models import resolve_path
 
-        return str(ensure_default_model(DefaultModelConfig()))
-    from agentrl.models import is_named, prepare
-
-    return str(prepare(name)) if is_named(name) else name
+    return resolve_path(None if name == "default" else name, DefaultModelConfig())
 
 
 def progress(msg: str) -> None:

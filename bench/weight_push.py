@@ -26,6 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._common import resolve_model
+
 
 def memcpy_gbps(nbytes: int, repeats: int = 5) -> float:
     import torch
@@ -83,24 +85,12 @@ async def keep_generating(engine, stop: asyncio.Event, prompt: list[int]) -> int
 
 async def bench_model(name: str, args: argparse.Namespace) -> dict:
     from agentrl.chat import load_tokenizer
-    from agentrl.config import (
-        AlgoConfig,
-        DefaultModelConfig,
-        EngineConfig,
-        LearnerConfig,
-    )
+    from agentrl.config import AlgoConfig, EngineConfig, LearnerConfig
     from agentrl.learner.rl import Learner
     from agentrl.learner.weight_sync import EngineWeightSync, handover_dir, push_dtype
     from agentrl.rollout.engine import Engine
 
-    if name == "default":
-        from agentrl.default_model import ensure_default_model
-
-        path = str(ensure_default_model(DefaultModelConfig()))
-    else:
-        from agentrl.models import prepare
-
-        path = str(prepare(name))
+    path = resolve_model(name)
     tok = load_tokenizer(path)
     print(f"\n== {name}: {path} (engine {args.engine_dtype})", flush=True)
     engine = Engine.start(path, EngineConfig(max_num_seqs=16, max_model_len=512, dtype=args.engine_dtype), tok.eos_token_id)

@@ -35,7 +35,7 @@ from agentrl.env import Action, Env, Message, StepResult, ToolCall
 from agentrl.tools import RemoteToolClient, RemoteToolError, shared_client, truncate_to_tokens
 from rewards.rules import last_number, numeric_match
 
-_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
 @functools.lru_cache(maxsize=8)
@@ -126,7 +126,7 @@ class CalculatorEnv(Env):
         tasks = []
         for i in range(n):
             a, b, op = rng.randint(low, high), rng.randint(low, high), rng.choice(ops)
-            tasks.append({"id": f"{split}-{i}", "a": a, "b": b, "op": op, "answer": _OPS[op](a, b)})
+            tasks.append({"id": f"{split}-{i}", "a": a, "b": b, "op": op, "answer": OPS[op](a, b)})
         return tasks
 
 
@@ -182,7 +182,7 @@ def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float,
     a, b, op = task["a"], task["b"], task["op"]
     names = [spec["function"]["name"] for spec in TOOL_SPECS]
     messages = initial_messages(task, names, describe_tools, compact_tools)
-    estimate = str(_OPS[op](round(a, -1), round(b, -1)))
+    estimate = str(OPS[op](round(a, -1), round(b, -1)))
     kind = "tool" if rng.random() < optimal_prob else rng.choice(("skip", "skip", "miscopy", "syntax"))
     if kind == "skip":
         return messages + [{"role": "assistant", "content": estimate}]

@@ -13,6 +13,7 @@ import random
 from typing import Any
 
 from agentrl.env import Action, Env, Message, StepResult
+from envs.calculator import OPS
 from rewards.rules import numeric_match
 
 
@@ -54,6 +55,6 @@ class ArithmeticQuizEnv(Env):
                 a, b, op = rng.randint(0, max_operand), rng.randint(0, max_operand), rng.choice(ops)
                 if op == "-" and b > a:  # results stay non-negative: a first quiz, not a test of signs
                     a, b = b, a
-                qs.append({"a": a, "b": b, "op": op, "answer": a + b if op == "+" else a - b})
+                qs.append({"a": a, "b": b, "op": op, "answer": OPS[op](a, b)})
             tasks.append({"id": f"{split}-{i}", "questions": qs})
         return tasks

@@ -15,34 +15,14 @@ from typing import Iterator
 
 import torch
 
-from agentrl.algo import (
-    ADVANTAGES,
-    POLICY_LOSSES,
-    AdvantageInputs,
-    PolicyLossConfig,
-    PolicyLossInputs,
-    RunningMoments,
-    aggregate,
-    clip_rewards,
-    correction_metrics,
-    importance_weights,
-    kl_estimate,
-    kl_penalized_token_rewards,
-    make_kl_controller,
-    masked_mean,
-    value_loss,
-)
+from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
+                          aggregate, clip_rewards, correction_metrics, importance_weights, kl_estimate,
+                          kl_penalized_token_rewards, make_kl_controller, masked_mean, value_loss)
 from agentrl.algo.fused_logprobs import temperature_logprobs
 from agentrl.algo.logprobs import picked_logprobs, sampling_entropy, sampling_logits
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import init_single_process_dist
-from agentrl.learner.models import (
-    ModelEMA,
-    eval_engine,
-    load_causal_lm,
-    load_value_model,
-    trained_engine,
-)
+from agentrl.learner.models import ModelEMA, eval_engine, load_causal_lm, load_value_model, trained_engine
 from agentrl.types import TrainBatch
 
 log = logging.getLogger(__name__)
