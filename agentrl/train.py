@@ -1,7 +1,10 @@
 """`python -m agentrl.train --config x.yaml [dotted.key=value ...]`: wires the stages and runs the loop.
 
-    tasks -> RolloutPool (vLLM, many episodes on one uvloop loop) -> StalenessBuffer
-          -> Learner.step (DeepSpeed, in a worker thread) -> EngineWeightSync -> engine
+    tasks -> RolloutPool (vLLM engines, many episodes on one uvloop loop) -> StalenessBuffer
+          -> Learner.step (DeepSpeed, in a worker thread) -> EngineWeightSync -> EngineFleet
+
+`cluster.backend: local` runs the engines and the one learner rank in this process; `ray` runs each
+engine and each learner rank as a Ray actor, on one machine or many (`agentrl.cluster`).
 
 Generation keeps running while the learner steps; the buffer's admission control and drop rule
 bound how stale a trained sample can be. Everything a user's input can get wrong (config keys,
@@ -32,6 +35,16 @@ from agentrl.rollout.pool import Producer, RolloutPool, score_episodes
 from agentrl.types import TrainBatch
 
 log = logging.getLogger("agentrl")
+
+
+def _run_errors() -> tuple[type[Exception], ...]:
+    """Failures that end a run with one line and exit code 1 (read only when something was raised)."""
+    from agentrl.cluster import ClusterError
+    from agentrl.rollout.fleet import FleetFailed
+
+    from agentrl.learner.ray_ranks import LearnerRankDied
+
+    return ClusterError, FleetFailed, LearnerRankDied
 
 
 def make_train_batch(assembly: BatchAssembly, pad_id: int) -> TrainBatch:
@@ -67,17 +80,28 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     return rec
 
 
+async def unless_failed(coro, failed: asyncio.Future):
+    """Await `coro`, unless `failed` (the fleet's) gets an exception first: then raise it."""
+    task = asyncio.ensure_future(coro)
+    await asyncio.wait([task, failed], return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        raise failed.exception()
+    return task.result()
+
+
 async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, eval_tasks: list[dict],
                      sink: MetricsSink, pad_id: int) -> dict[str, Any]:
     buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness)
-    sync.on_pushed = buffer.set_engine_version
+    fleet = pool.engine
+    fleet.on_version = buffer.set_engine_version  # the oldest version any engine serves
     producer = Producer(buffer, pool, train_iter, cfg.rollout.n_samples, cfg.algo.dynamic_filter)
     producer_task = asyncio.create_task(producer.run())
     window = {"tokens": pool.generated_tokens, "time": time.perf_counter()}
-    max_stale_seen = 0
+    t_loop, max_stale_seen = time.perf_counter(), 0
     try:
         for step in range(cfg.train.steps):
-            assembly = await buffer.get_batch(learner.version)
+            assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed)
             batch = make_train_batch(assembly, pad_id)
             # Checked again on the tensors the learner actually trains on, independently of the buffer.
             trained_staleness = learner.version - int(batch.versions[batch.loss_mask > 0].min())
@@ -90,7 +114,9 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
                 await sync.push(learner.version)
             rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
             rec["trained_staleness_max"] = trained_staleness
+            rec["elapsed_s"] = time.perf_counter() - t_loop
             rec.update(producer.metrics())
+            rec.update(engine_restarts=fleet.stats()["engine_restarts"], engine_version_min=fleet.version)
             if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                 # Runs beside training episodes on whatever weights the engine serves right now.
                 rec["eval_score"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).score
@@ -199,12 +225,52 @@ def _load_tasks(cfg: Config, env_cls: type[Env]) -> tuple[list[Task], list[Task]
         raise ConfigError(f"data.train_path: {exc}") from None
 
 
+async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
+    """(fleet, learner, weight sync) for the configured backend; the engines start first."""
+    from functools import partial
+
+    from agentrl.learner.weight_sync import EngineWeightSync, push_dtype
+    from agentrl.rollout.fleet import EngineFleet
+
+    cluster, dtype = cfg.cluster, push_dtype(cfg.engine.dtype)
+    if cluster.backend == "local":
+        fleet = EngineFleet.local(model_path, cfg.engine, eos_id, cluster)
+        await fleet.start()
+        learner = await asyncio.to_thread(build_learner, cfg, model_path, tokenizer)
+        sync = EngineWeightSync(lambda: learner.state_dict_cpu(clone=False), fleet, cfg.weight_sync.deadline_s,
+                                dtype=dtype, folder=cfg.weight_sync.handover_dir)
+        return fleet, learner, sync
+    from agentrl.cluster import connect
+    from agentrl.learner.ray_ranks import RayLearner
+
+    await asyncio.to_thread(connect, cluster)
+    learner = RayLearner(partial(build_learner, cfg, model_path, tokenizer), cluster, cfg.learner.num_threads)
+    # Learner ranks first when engines must avoid their nodes; otherwise engines and ranks start together.
+    if not cluster.colocate:
+        await asyncio.to_thread(learner.start)
+    fleet = EngineFleet.ray(model_path, cfg.engine, eos_id, cluster,
+                            avoid_nodes=frozenset() if cluster.colocate else learner.node_ids())
+    ranks_up = asyncio.to_thread(learner.start) if cluster.colocate else asyncio.sleep(0)
+    await asyncio.gather(fleet.start(), ranks_up)
+    sync = EngineWeightSync(None, fleet, cfg.weight_sync.deadline_s, publish=lambda v: learner.publish(v, dtype))
+    return fleet, learner, sync
+
+
+async def stop_workers(cfg: Config, fleet, learner) -> None:
+    if fleet is not None:
+        await fleet.shutdown()
+    if cfg.cluster.backend == "ray":
+        from agentrl.cluster import disconnect
+
+        if learner is not None:
+            learner.shutdown()
+        disconnect()
+
+
 async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     """Build every stage, evaluate, train, evaluate, save; returns the summary."""
     from agentrl.data import task_stream
     from agentrl.learner.models import frozen_engine
-    from agentrl.learner.weight_sync import EngineWeightSync, push_dtype
-    from agentrl.rollout.engine import Engine
     from agentrl.rollout.episode import EpisodeSpec
     from agentrl.tools import aclose_shared
     from rewards.sources import RewardCombiner
@@ -219,11 +285,11 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(prep.train_tasks),
              len(prep.eval_tasks))
     scorer = RewardCombiner(cfg.rewards, engine_factory=frozen_engine)
-    engine = Engine.start(model_path, cfg.engine, fmt.eos_id)
+    fleet = learner = None
     try:
-        learner = await asyncio.to_thread(build_learner, cfg, model_path, tokenizer)
+        fleet, learner, sync = await start_workers(cfg, model_path, tokenizer, fmt.eos_id)
         spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
-        pool = RolloutPool(engine, spec, scorer)
+        pool = RolloutPool(fleet, spec, scorer)
         summary: dict[str, Any] = {"model": model_path, "config": cfg.model_dump()}
         if cfg.train.eval_before:
             summary["eval_before"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
@@ -232,12 +298,12 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
         pool.tool_stats.clear()
         scorer.stats.clear()
         sink = MetricsSink(cfg.train.out_dir, cfg.train.steps, show=sys.stderr.isatty() or "CI" not in os.environ)
-        sync = EngineWeightSync(lambda: learner.state_dict_cpu(clone=False), engine, cfg.weight_sync.deadline_s,
-                                dtype=push_dtype(cfg.engine.dtype), folder=cfg.weight_sync.handover_dir)
         t_train = time.perf_counter()
         summary["train"] = await train_loop(cfg, pool, learner, sync, task_stream(prep.train_tasks, cfg.data.seed),
                                             prep.eval_tasks, sink, tokenizer.pad_token_id)
         summary["train"]["seconds"] = time.perf_counter() - t_train
+        await fleet.wait_restarts()  # the held-out eval runs on the whole fleet
+        summary["fleet"] = fleet.stats()
         if cfg.train.eval_after:
             summary["eval_after"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
             log.info("eval after RL: %s", summary["eval_after"])
@@ -250,7 +316,7 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     finally:
         await aclose_shared()
         await scorer.aclose()
-        engine.shutdown()
+        await stop_workers(cfg, fleet, learner)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:  # what only the model folder tells (its chat template), before any engine
             print(f"config error: {exc}", file=sys.stderr)
             return 2
+        except _run_errors() as exc:  # a cluster that cannot hold the run, a dead learner rank, a failed fleet
+            print(f"run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     print_summary(summary)
     return 0
 

@@ -2,7 +2,8 @@
 
 The model must use the feedback of earlier turns: a policy that ignores it rarely succeeds within
 `max_turns`, while bisection always does (ceil(log2(high - low + 2)) guesses suffice).
-Reward is 1.0 when the number is found, else 0.0.
+Reward is 1.0 when the number is found, else 0.0; `turn_penalty` takes that much off per extra turn
+(found at turn t: max(0, 1 - turn_penalty * (t - 1))), so a score also measures how fast it was found.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ def prompt_text(low: int, high: int) -> str:
 
 
 class GuessNumberEnv(Env):
-    def __init__(self, max_turns: int = 4) -> None:
-        self.max_turns = max_turns
+    def __init__(self, max_turns: int = 4, turn_penalty: float = 0.0) -> None:
+        self.max_turns, self.turn_penalty = max_turns, turn_penalty
         self.turn = 0
         self.task: dict[str, Any] = {}
 
@@ -38,7 +39,8 @@ class GuessNumberEnv(Env):
             return StepResult("Reply with one number.", 0.0, out_of_turns, {"success": False, "valid": False})
         guess, target = int(match.group()), self.task["target"]
         if guess == target:
-            return StepResult(None, 1.0, True, {"success": True, "turns": self.turn})
+            reward = max(0.0, 1.0 - self.turn_penalty * (self.turn - 1))
+            return StepResult(None, reward, True, {"success": True, "turns": self.turn})
         feedback = "Higher." if guess < target else "Lower."
         return StepResult(feedback, 0.0, out_of_turns, {"success": False})
 

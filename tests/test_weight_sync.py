@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from agentrl.learner import weight_sync
+from agentrl.rollout import handover as weight_sync  # where the hand-over folder is chosen
 from agentrl.learner.weight_sync import EngineWeightSync, handover_dir
 
 

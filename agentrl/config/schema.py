@@ -238,6 +238,31 @@ class WeightSyncConfig(_Base):
                                                        "(default /dev/shm when it has room, else the temp folder)")
 
 
+class ClusterConfig(_Base):
+    """Where the engines and learner ranks run: this process (local) or Ray actors on one or many nodes.
+
+    Multi-node: `ray start --head` on one node, `ray start --address=HEAD:6379` on the others, then run
+    with `cluster.backend=ray cluster.address=auto` on any of them."""
+
+    backend: Literal["local", "ray"] = Field("local", description="local: engines and one learner rank in this "
+                                                                  "process; ray: each engine and rank a Ray actor")
+    address: str | None = Field(None, description="ray: unset starts a local Ray; 'auto' joins the running "
+                                                  "cluster; or 'host:port' of its head")
+    engines: int = Field(1, ge=1, le=1024, description="vLLM engines; an episode stays on one for all its turns")
+    engine_num_cpus: float = Field(1.0, ge=0, le=1024, description="ray: CPUs reserved for each engine actor")
+    engine_num_gpus: float = Field(0.0, ge=0, le=64, description="ray: GPUs for each engine actor "
+                                                                  "(tensor_parallel_size of them when > 0)")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one engine shards its model across")
+    learner_ranks: int = Field(1, ge=1, le=4096, description="DeepSpeed data-parallel ranks (ray backend when > 1)")
+    learner_num_cpus: float = Field(1.0, ge=0, le=1024, description="ray: CPUs reserved for each learner rank")
+    learner_num_gpus: float = Field(0.0, ge=0, le=8, description="ray: GPUs for each learner rank (nccl when > 0)")
+    colocate: bool = Field(True, description="ray: engines may share nodes with learner ranks; false places "
+                                             "engines only on nodes that hold no learner rank")
+    max_engine_restarts: int = Field(3, ge=0, le=1000, description="restarts per engine after it dies; one more "
+                                                                   "death ends the run with an error")
+    start_timeout_s: float = Field(600.0, gt=0, description="deadline for an engine or learner rank to start")
+
+
 class TrainConfig(_Base):
     """The training loop and its outputs."""
 
@@ -264,6 +289,7 @@ class Config(_Base):
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the DeepSpeed actor")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="the value model (algo.advantage gae)")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="learner -> engine pushes")
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="local or Ray engines and ranks")
     train: TrainConfig = Field(default_factory=TrainConfig, description="loop length, evals and outputs")
 
     @model_validator(mode="after")
@@ -274,6 +300,14 @@ class Config(_Base):
         if self.algo.advantage == "gae" and self.critic.init_from == "reward_model" and not any(
                 s.type == "reward_model" for s in self.rewards.sources):
             raise ValueError("critic.init_from=reward_model needs a rewards source of type reward_model")
+        ranks = self.cluster.learner_ranks
+        if ranks > 1 and self.cluster.backend != "ray":
+            raise ValueError(f"cluster.learner_ranks={ranks} needs cluster.backend=ray")
+        if ranks > 1 and self.buffer.batch_size % (ranks * self.learner.mini_batches):
+            # Every rank takes an equal share of each mini-batch: ZeRO-3 ranks must run the same
+            # number of forward passes, and all-gathers need equal shapes.
+            raise ValueError(f"buffer.batch_size={self.buffer.batch_size} must be a multiple of cluster.learner_ranks"
+                             f" * learner.mini_batches = {ranks * self.learner.mini_batches}")
         return self
 
 

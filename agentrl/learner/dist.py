@@ -1,5 +1,6 @@
-"""Process groups and CPU budget for the learner: one process today (gloo, in-memory store);
-torchrun and Ray ranks plug in here.
+"""Process groups and CPU budget for the learner: one process (gloo, in-memory store), or one of
+several ranks whose RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT are set by torchrun or by
+`agentrl.learner.ray_ranks`.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ def init_single_process_dist() -> None:
     for key, val in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, val)
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    if int(os.environ["WORLD_SIZE"]) == 1:
-        # The shared-memory allreduce op only helps several ranks and costs a ~40 s C++ build.
+    if int(os.environ["WORLD_SIZE"]) == 1 or not torch.cuda.is_available():
+        # The shared-memory allreduce op costs a ~40 s C++ build on first use and helps only several
+        # CPU ranks with large gradients; gloo carries them.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     if not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"

@@ -1,8 +1,12 @@
 """The RL learner: wires the DeepSpeed engines (actor, reference, critic, EMA; built in
 `agentrl.learner.models`) to the RL math of `agentrl.algo`, whose registries config picks. No RL math here.
 
-Runs in one process with gloo on CPU (or on CUDA when present). `step` is synchronous and is
-called from a worker thread so the event loop keeps generating while the learner works.
+Runs as one rank, or as one of K data-parallel ranks (`agentrl.learner.ray_ranks`): every rank gets
+the whole batch, computes the no-grad passes (pi_prox, reference, values) on its block of rows and
+all-gathers them, so advantages are computed on the whole batch, identically on every rank; then each
+rank trains on its equal share of every mini-batch, its loss weighted by its share of the mini-batch's
+tokens, so the averaged gradient equals one rank's on the whole batch. gloo on CPU, nccl on CUDA.
+`step` is synchronous and is called from a worker thread so the event loop keeps generating.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class StepMetrics:
     n_episodes: int
     n_tokens: int
     policy: dict[str, float]
+    share: float = 1.0  # this rank's part of the step's tokens (or rows): how rank metrics are merged
 
 
 class Learner:
@@ -60,6 +65,7 @@ class Learner:
         probability e^LOGPROB_FLOOR."""
         torch.set_num_threads(cfg.num_threads)
         init_single_process_dist()
+        self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         if cfg.ema_decay > 0 and cfg.lora.rank > 0:
             raise ValueError("learner.ema_decay with learner.lora.rank > 0 is not supported: the EMA tracks "
                              "full weights; use one or the other")
@@ -67,7 +73,7 @@ class Learner:
             raise ValueError("learner.unsup_coef > 0 needs unsup_batches (learner.unsup_data)")
         self.cfg, self.algo, self.temperature, self.top_p = cfg, algo, temperature, top_p
         bf16 = cfg.dtype == "bfloat16"
-        rows_per_mini = math.ceil(batch_size / cfg.mini_batches)
+        rows_per_mini = math.ceil(batch_size / cfg.mini_batches / self.world)  # this rank's share
         self.micro_per_mini = math.ceil(rows_per_mini / cfg.micro_batch_size)
         optimizer_steps = max(total_steps, 1) * cfg.mini_batches
         self.model_path = model_path
@@ -125,11 +131,22 @@ class Learner:
         values = self.critic(input_ids=ids, attention_mask=batch.attention_mask[rows].to(self.device))
         return torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1).float()
 
+    def _share(self, rows: range) -> range:
+        """This rank's contiguous, equal share of `rows` (the config makes the batch divide evenly)."""
+        size = len(rows) // self.world if self.world > 1 else len(rows)
+        return range(rows.start + self.rank * size, rows.start + (self.rank + 1) * size)
+
     @torch.no_grad()
     def _over_micro_batches(self, batch: TrainBatch, fn) -> torch.Tensor:
-        out = [fn(batch, slice(i, i + self.cfg.micro_batch_size)).cpu()
-               for i in range(0, batch.size, self.cfg.micro_batch_size)]
-        return torch.cat(out) * batch.loss_mask
+        """(B, T) values of `fn` for the whole batch: this rank's rows in micro-batches, the rest gathered."""
+        own = self._share(range(batch.size))
+        out = torch.cat([fn(batch, slice(i, min(i + self.cfg.micro_batch_size, own.stop))).float()
+                         for i in range(own.start, own.stop, self.cfg.micro_batch_size)])
+        if self.world > 1:
+            parts = [torch.empty_like(out) for _ in range(self.world)]
+            torch.distributed.all_gather(parts, out)
+            out = torch.cat(parts)
+        return out.cpu() * batch.loss_mask
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """(B, T) log pi_theta for the current weights, computed in micro-batches."""
@@ -192,13 +209,14 @@ class Learner:
             loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
             metrics = {**metrics, "kl_ref": float(masked_mean(kl_BT.detach(), mask))}
         # DeepSpeed would divide by the accumulation steps; we weight each micro-batch by its share
-        # of the mini-batch's tokens (or rows) instead, so ragged micro-batches aggregate exactly.
+        # of the mini-batch's tokens (or rows) over all ranks instead, so ragged micro-batches
+        # aggregate exactly; DeepSpeed averages gradients over ranks, which `world` undoes.
         loss = loss * weight
         if self.cfg.unsup_coef > 0:
             lm_loss = self._unsup_loss()
-            loss = loss + self.cfg.unsup_coef * lm_loss / self.micro_per_mini
+            loss = loss + self.cfg.unsup_coef * lm_loss / (self.micro_per_mini * self.world)
             metrics = {**metrics, "unsup_loss": float(lm_loss.detach())}
-        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.backward(loss * self.world, scale_wrt_gas=False)
         return loss.item(), metrics
 
     def _unsup_loss(self) -> torch.Tensor:
@@ -214,7 +232,7 @@ class Learner:
         clip = self.algo.value_clip or None
         loss, metrics = value_loss(values * mask, old_values[rows].to(self.device), batch.returns[rows].to(self.device),
                                    mask, clip=clip, agg="token_mean")
-        self.critic.backward(loss * weight, scale_wrt_gas=False)
+        self.critic.backward(loss * (weight * self.world), scale_wrt_gas=False)
         return loss.item() * weight, {**metrics, "value_mean": float(masked_mean(values.detach(), mask))}
 
     def _train_engine(self, engine, zero_stage: int, batch: TrainBatch, rows: range, micro_step) -> tuple[float, float, list]:
@@ -222,7 +240,7 @@ class Learner:
         by_tokens = self.algo.agg == "token_mean" or engine is self.critic
         total = float(batch.loss_mask[rows.start:rows.stop].sum()) if by_tokens else float(len(rows))
         loss_sum, metric_rows, grad_norm = 0.0, [], float("nan")
-        slices = self._micro_slices(rows)
+        slices = self._micro_slices(self._share(rows))
         for k, sl in enumerate(slices):
             n = float(batch.loss_mask[sl].sum()) if by_tokens else float(sl.stop - sl.start)
             if sl.stop <= sl.start or n == 0:
@@ -292,7 +310,7 @@ class Learner:
                 loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
-                policy={**_weighted(metric_rows), **buckets, **extra}))
+                policy={**_weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
         return results
 
     # -- weights out ------------------------------------------------------------------------------
@@ -317,11 +335,16 @@ class Learner:
         """The trained policy as a Hugging Face folder: the EMA when enabled, LoRA merged into full weights."""
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)  # config + template
         if self.ema is not None:
-            self.ema.save_pretrained(model, out_dir, tokenizer)
+            if self.rank == 0:
+                model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
+                self.ema.save_pretrained(model, out_dir, tokenizer)
             return
-        model.load_state_dict(self.state_dict_cpu(), strict=False)
+        state = self.state_dict_cpu()  # every rank takes part: a ZeRO-3 gather is collective
+        if self.rank != 0:
+            return
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)  # config + template
+        model.load_state_dict(state, strict=False)
         model.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
 

@@ -16,19 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
+from agentrl.rollout.handover import handover_dir
+
 log = logging.getLogger(__name__)
-
-SHM = Path("/dev/shm")
-
 
 @dataclass
 class PushResult:
@@ -56,15 +53,6 @@ class WeightSync(Protocol):
         """Wait for pushes in flight and return the results not yet reported."""
 
 
-def handover_dir(preferred: str | None, need_bytes: int) -> Path:
-    """/dev/shm when it has room (containers often mount only 64 MB there), else the temp folder."""
-    if preferred:
-        return Path(preferred)
-    if SHM.is_dir() and os.access(SHM, os.W_OK) and shutil.disk_usage(SHM).free > 2 * need_bytes:
-        return SHM
-    return Path(tempfile.gettempdir())
-
-
 def push_dtype(engine_dtype: str) -> torch.dtype | None:
     """Send weights in the dtype the engine serves (half the bytes for bfloat16); None keeps float32."""
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine_dtype)
@@ -84,6 +72,15 @@ def write_snapshot(state: dict[str, torch.Tensor], path: Path, dtype: torch.dtyp
     return path.stat().st_size
 
 
+def snapshot_bytes(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> bytes:
+    """`state` as the bytes of a safetensors file (for the object store, when engines are Ray actors)."""
+    from safetensors.torch import save
+
+    if dtype is not None:
+        state = {k: v.to(dtype) for k, v in state.items()}
+    return save(_unshared(state))
+
+
 def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """safetensors refuses tensors that share memory (a tied lm_head aliases the embedding); vLLM
     wants both names, so a repeated one is written as its own copy."""
@@ -98,12 +95,19 @@ def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 class EngineWeightSync:
     """`snapshot()` returns the learner's weights as CPU tensors; they may alias the live parameters,
-    because the file is written before `push` returns, while the learner is between steps."""
+    because the file is written before `push` returns, while the learner is between steps.
 
-    def __init__(self, snapshot: Callable[[], dict[str, torch.Tensor]], target: WeightTarget,
-                 deadline_s: float, dtype: torch.dtype | None = None, folder: str | None = None) -> None:
+    `publish(version) -> (handover, bytes)` replaces the file when the snapshot is made elsewhere (Ray
+    learner ranks put it into the object store; the handover is then a reference). The newest handover
+    is kept until the next push has landed, so an engine that restarts can load it."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, torch.Tensor]] | None, target: WeightTarget,
+                 deadline_s: float, dtype: torch.dtype | None = None, folder: str | None = None,
+                 publish: Callable[[int], tuple[Any, int]] | None = None) -> None:
         self.snapshot, self.target, self.deadline_s = snapshot, target, deadline_s
         self.dtype, self.folder = dtype, folder
+        self.publish = publish or self._write
+        self._kept: Any = None  # the newest handover that has landed
         self.on_pushed: Callable[[int], None] | None = None  # told each version the engine now serves
         self._last: asyncio.Task | None = None
         self._results: list[PushResult] = []
@@ -119,7 +123,7 @@ class EngineWeightSync:
     async def push(self, version: int) -> None:
         t0 = time.perf_counter()
         try:
-            path, size = await asyncio.to_thread(self._write, version)
+            handover, size = await asyncio.to_thread(self.publish, version)
         except Exception as exc:  # e.g. the hand-over folder is full: reported like a failed load
             log.error("weight push v%d failed to write its snapshot: %r", version, exc)
             self._results.append(PushResult(version, False, time.perf_counter() - t0, error=repr(exc)))
@@ -127,15 +131,15 @@ class EngineWeightSync:
         snapshot_s = time.perf_counter() - t0
         previous = self._last
         self._last = asyncio.get_running_loop().create_task(
-            self._push(path, size, version, previous, t0, snapshot_s))
+            self._push(handover, size, version, previous, t0, snapshot_s))
 
-    async def _push(self, path: Path, size: int, version: int, previous: asyncio.Task | None,
+    async def _push(self, handover: Any, size: int, version: int, previous: asyncio.Task | None,
                     t0: float, snapshot_s: float) -> None:
         if previous is not None:
             await asyncio.shield(previous)
         try:
             async with asyncio.timeout(self.deadline_s):
-                pause_s = await self.target.load_weights_file(str(path), version)
+                pause_s = await self.target.load_weights_file(_arg(handover), version)
             result = PushResult(version, True, time.perf_counter() - t0, size, snapshot_s, pause_s)
         except TimeoutError:
             result = PushResult(version, False, time.perf_counter() - t0, size, snapshot_s,
@@ -143,7 +147,8 @@ class EngineWeightSync:
         except Exception as exc:  # reported, and the next push is still attempted
             result = PushResult(version, False, time.perf_counter() - t0, size, snapshot_s, error=repr(exc))
         finally:
-            path.unlink(missing_ok=True)
+            _release(self._kept)
+            self._kept = handover
         if result.ok and self.on_pushed is not None:
             self.on_pushed(version)
         if not result.ok:
@@ -155,6 +160,18 @@ class EngineWeightSync:
         return out
 
     async def drain(self) -> list[PushResult]:
+        """Wait for the pushes in flight, release the last handover, return the unreported results."""
         if self._last is not None:
             await asyncio.shield(self._last)
+        _release(self._kept)
+        self._kept = None
         return self.take_results()
+
+
+def _arg(handover: Any) -> Any:
+    return str(handover) if isinstance(handover, Path) else handover
+
+
+def _release(handover: Any) -> None:
+    if isinstance(handover, Path):
+        handover.unlink(missing_ok=True)

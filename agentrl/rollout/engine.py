@@ -57,7 +57,7 @@ class Engine:
         self._lock = asyncio.Lock()  # one weight update at a time
 
     @classmethod
-    def start(cls, model_path: str, cfg: EngineConfig, eos_id: int) -> "Engine":
+    def start(cls, model_path: str, cfg: EngineConfig, eos_id: int, tensor_parallel_size: int = 1) -> "Engine":
         """Build the engine. Must be called inside the event loop that will use it for its whole life."""
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "auto")
         from vllm import AsyncEngineArgs
@@ -68,6 +68,7 @@ class Engine:
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
             enforce_eager=cfg.enforce_eager, worker_extension_cls="agentrl.rollout.engine.WeightReceiver",
             disable_log_stats=True, enable_prefix_caching=True, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            tensor_parallel_size=tensor_parallel_size,
             # A prompt split across steps breaks per-request seeded sampling on CPU (the CPU generator
             # has no offset to rewind), so prompts are always prefilled whole.
             enable_chunked_prefill=False,

@@ -7,6 +7,7 @@ Nothing here knows about DeepSpeed or the learner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -46,7 +47,10 @@ class RolloutPool:
         async with self._sem:
             self.in_flight += 1
             try:
-                ep = await run_episode(task, self.engine, self.spec, group_id, seed)
+                # A fleet pins the episode to one engine for all its turns (its prefix cache).
+                lease = getattr(self.engine, "lease", None)
+                async with (lease() if lease else contextlib.nullcontext(self.engine)) as engine:
+                    ep = await run_episode(task, engine, self.spec, group_id, seed)
             finally:
                 self.in_flight -= 1
         if self.scorer is not None and ep.status in TRAINABLE_STATUSES:

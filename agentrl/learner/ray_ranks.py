@@ -1,0 +1,157 @@
+"""K DeepSpeed learner ranks as Ray actors, seen by the driver through the `Learner` interface.
+
+Rank 0 picks the rendezvous (its node's address and a free port); every rank then builds its
+`Learner` with RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT set, which joins one torch.distributed
+group (gloo on CPU, nccl on GPU) under DeepSpeed. Each step puts the batch into the object store once
+and every rank reads it; `Learner.step` splits the work (see `agentrl.learner.rl`).
+
+A rank that dies ends the run with `LearnerRankDied` as soon as Ray reports it: the survivors would
+otherwise wait in a collective for a peer that never comes, so they are killed too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import torch
+
+from agentrl.config import ClusterConfig
+from agentrl.learner.rl import Learner, StepMetrics, _weighted
+
+log = logging.getLogger(__name__)
+
+
+class LearnerRankDied(RuntimeError):
+    """A learner rank's process died (or failed to start); the run cannot go on without it."""
+
+
+class LearnerRank:
+    """One rank (wrapped by `ray.remote` in `RayLearner`)."""
+
+    def __init__(self, rank: int, world: int, num_threads: int) -> None:
+        self.rank, self.world = rank, world
+        torch.set_num_threads(num_threads)
+        self.learner: Learner | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        from agentrl.learner.dist import _free_port
+
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def setup(self, master: tuple[str, int], build: Callable[[], Learner]) -> dict[str, Any]:
+        import ray
+
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+        self.learner = build()
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    def step(self, batch) -> list[StepMetrics]:
+        return self.learner.step(batch)
+
+    def publish(self, version: int, dtype: torch.dtype | None):
+        """Every rank takes part (a ZeRO-3 gather is collective); rank 0 puts the safetensors bytes
+        into the object store and returns [reference, size]."""
+        import numpy as np
+        import ray
+
+        from agentrl.learner.weight_sync import snapshot_bytes
+
+        state = self.learner.state_dict_cpu(clone=False)
+        if self.rank != 0:
+            return None
+        blob = snapshot_bytes(state, dtype)
+        return [ray.put(np.frombuffer(blob, dtype=np.uint8)), len(blob)]
+
+    def save(self, out_dir: str, tokenizer) -> None:
+        self.learner.save(out_dir, tokenizer)
+
+
+def merge_rank_metrics(per_rank: list[list[StepMetrics]]) -> list[StepMetrics]:
+    """One StepMetrics per optimizer step from every rank's: losses add (each rank's is already its
+    share of the step's), policy metrics average weighted by each rank's share of the tokens
+    (max/min keys stay max/min), the slowest rank's time counts."""
+    merged = []
+    for steps in zip(*per_rank):
+        first = steps[0]
+        merged.append(StepMetrics(
+            loss=sum(m.loss for m in steps), grad_norm=first.grad_norm,
+            step_time_s=max(m.step_time_s for m in steps), n_episodes=first.n_episodes,
+            n_tokens=first.n_tokens, policy=_weighted([(m.share, m.policy) for m in steps]),
+            share=sum(m.share for m in steps)))
+    return merged
+
+
+class RayLearner:
+    """The driver's handle on the ranks: `step`, `version`, `publish`, `save`, `shutdown`."""
+
+    def __init__(self, build: Callable[[], Learner], cluster: ClusterConfig, num_threads: int = 1) -> None:
+        self.build, self.cluster, self.num_threads = build, cluster, num_threads
+        self.ranks: list[Any] = []
+        self.where: list[dict[str, Any]] = []
+        self.version = 0
+
+    def start(self) -> None:
+        import ray
+
+        world = self.cluster.learner_ranks
+        remote = ray.remote(LearnerRank)
+        opts = {"num_cpus": self.cluster.learner_num_cpus, "num_gpus": self.cluster.learner_num_gpus,
+                "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(self.num_threads)}}}
+        self.ranks = [remote.options(**opts).remote(r, world, self.num_threads) for r in range(world)]
+        t0 = time.perf_counter()
+        master = self._wait([self.ranks[0].rendezvous.remote()], "start", self.cluster.start_timeout_s)[0]
+        self.where = self._wait([a.setup.remote(master, self.build) for a in self.ranks], "start",
+                                self.cluster.start_timeout_s)
+        log.info("%d learner rank(s) up in %.1fs (rendezvous %s:%d)", world, time.perf_counter() - t0, *master)
+
+    def node_ids(self) -> frozenset[str]:
+        return frozenset(w["node_id"] for w in self.where)
+
+    def step(self, batch) -> list[StepMetrics]:
+        import ray
+
+        ref = ray.put(batch)
+        metrics = merge_rank_metrics(self._wait([a.step.remote(ref) for a in self.ranks], "a learner step"))
+        self.version += len(metrics)
+        return metrics
+
+    def publish(self, version: int, dtype: torch.dtype | None) -> tuple[Any, int]:
+        """(object-store reference to the weights as safetensors bytes, their size)."""
+        ref, size = self._wait([a.publish.remote(version, dtype) for a in self.ranks], "a weight snapshot")[0]
+        return ref, size
+
+    def save(self, out_dir: str, tokenizer) -> None:
+        self._wait([a.save.remote(out_dir, tokenizer) for a in self.ranks], "saving the model")
+
+    def _wait(self, refs: list, what: str, timeout_s: float | None = None) -> list:
+        """Results in rank order; the first rank to fail ends every rank and raises `LearnerRankDied`."""
+        import ray
+
+        pending, deadline = list(refs), None if timeout_s is None else time.monotonic() + timeout_s
+        while pending:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                self.shutdown()
+                raise LearnerRankDied(f"learner ranks did not finish {what} within {timeout_s:g}s")
+            try:
+                ray.get(ready[0])
+            except Exception as exc:
+                rank = refs.index(ready[0])
+                self.shutdown()
+                raise LearnerRankDied(f"learner rank {rank} failed during {what}: {type(exc).__name__}: "
+                                      f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from exc
+        return ray.get(refs)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.ranks:
+            ray.kill(actor, no_restart=True)
+        self.ranks = []

@@ -1,0 +1,359 @@
+"""N vLLM engines behind one `GenerateFn`: in this process (`LocalMember`) or as Ray actors (`RayMember`).
+
+Routing. `lease()` pins an episode to one engine for all its turns, so each turn's prompt hits that
+engine's prefix cache; a new episode goes to the healthy engine with the fewest live episodes.
+
+Versions. Each engine has its own policy version: a weight push loads every healthy engine in
+parallel, and an engine that misses the push deadline or fails keeps the version it serves (a load
+that finishes late sets its version then: the stamp is never ahead of the weights, nor behind once
+they are loaded). Tokens are stamped inside each engine by the version it serves. `version` is the
+oldest version a healthy engine serves, the `E` the staleness buffer admits against; it never goes
+down, because an engine rejoins only after loading the newest weights.
+
+Faults. An engine that dies (its vLLM core or its Ray actor) fails the turns in flight on it, which
+end their episodes with status `engine_error`; it is restarted, loads the newest weights, and takes
+new episodes again. An engine that dies more than `max_restarts` times sets `failed`, which ends the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from agentrl.config import ClusterConfig, EngineConfig
+from agentrl.rollout.engine import Engine, Generation
+
+log = logging.getLogger(__name__)
+
+
+class FleetFailed(RuntimeError):
+    """An engine died more often than `cluster.max_engine_restarts` allows, or could not start."""
+
+
+@dataclass
+class Member:
+    """One engine's slot in the fleet; subclasses say how it starts, serves and dies."""
+
+    index: int
+    version: int = 0
+    episodes: int = 0  # live leases
+    served: int = 0  # leases ever taken (episodes routed here)
+    healthy: bool = False
+    restarts: int = 0
+    last_error: str = ""
+    where: dict[str, Any] = field(default_factory=dict)
+    load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight load at a time, in order
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def generate(self, *args) -> Generation: ...
+    async def load_weights(self, handover: Any, version: int) -> float: ...
+    async def alive(self) -> bool: ...
+    def is_death(self, exc: BaseException) -> bool:
+        """Whether `exc` itself proves the engine is gone (no need to ask it)."""
+        return False
+
+
+@dataclass
+class LocalMember(Member):
+    """An `Engine` on this process's event loop; `handover` is the path of a safetensors file."""
+
+    model_path: str = ""
+    cfg: EngineConfig | None = None
+    eos_id: int = 0
+    engine: Engine | None = None
+
+    async def start(self) -> None:
+        self.engine = Engine.start(self.model_path, self.cfg, self.eos_id)
+        self.version = 0
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception):  # a dead core fails its own shutdown; the process is gone
+                self.engine.shutdown()
+            self.engine = None
+
+    async def generate(self, *args) -> Generation:
+        return await self.engine.generate(*args)
+
+    async def load_weights(self, handover: Any, version: int) -> float:
+        return await self.engine.load_weights_file(str(handover), version)
+
+    async def alive(self) -> bool:
+        return self.engine is not None and not self.engine.llm.errored
+
+    def is_death(self, exc: BaseException) -> bool:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        return isinstance(exc, EngineDeadError)
+
+
+@dataclass
+class RayMember(Member):
+    """An `EngineActor`; `handover` is an object-store reference to the safetensors bytes."""
+
+    make_actor: Callable[[int], Any] | None = None
+    start_timeout_s: float = 600.0
+    actor: Any = None
+
+    async def start(self) -> None:
+        self.actor = self.make_actor(self.index)
+        async with asyncio.timeout(self.start_timeout_s):
+            self.where = await self.actor.start.remote()
+        self.version = 0
+
+    async def stop(self) -> None:
+        import ray
+
+        if self.actor is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(30):
+                    await self.actor.shutdown.remote()
+            ray.kill(self.actor, no_restart=True)
+            self.actor = None
+
+    async def generate(self, *args) -> Generation:
+        return await self.actor.generate.remote(*args)
+
+    async def load_weights(self, handover: Any, version: int) -> float:
+        return await self.actor.load_weights.remote(handover, version)
+
+    async def alive(self) -> bool:
+        try:
+            async with asyncio.timeout(30):
+                return await self.actor.alive.remote()
+        except Exception:
+            return False
+
+    def is_death(self, exc: BaseException) -> bool:
+        from ray.exceptions import RayActorError
+
+        return isinstance(exc, RayActorError)
+
+
+class _Leased:
+    """The `GenerateFn` an episode sees: one engine, with its failures reported to the fleet."""
+
+    def __init__(self, fleet: "EngineFleet", member: Member) -> None:
+        self.fleet, self.member = fleet, member
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                       top_p: float = 1.0, seed: int | None = None) -> Generation:
+        member = self.member
+        if not member.healthy:
+            raise RuntimeError(f"engine {member.index} died earlier in this episode")
+        try:
+            return await member.generate(prompt_ids, max_tokens, temperature, top_p, seed)
+        except Exception as exc:
+            await self.fleet.report_failure(member, exc)
+            raise
+
+
+class EngineFleet:
+    """The engines of a run. Start with `await fleet.start()`; end with `await fleet.shutdown()`."""
+
+    def __init__(self, members: list[Member], max_restarts: int) -> None:
+        self.members, self.max_restarts = members, max_restarts
+        self.on_version: Callable[[int], None] | None = None  # told each new oldest-served version
+        self.failed: asyncio.Future | None = None
+        self._version = 0
+        self._latest: tuple[Any, int] | None = None  # the newest weights pushed: restarts load them
+        self._healthy = asyncio.Event()
+        self._restarts: set[asyncio.Task] = set()
+        self._rotate = 0
+
+    @classmethod
+    def local(cls, model_path: str, cfg: EngineConfig, eos_id: int, cluster: ClusterConfig) -> "EngineFleet":
+        members = [LocalMember(i, model_path=model_path, cfg=cfg, eos_id=eos_id) for i in range(cluster.engines)]
+        return cls(members, cluster.max_engine_restarts)
+
+    @classmethod
+    def ray(cls, model_path: str, cfg: EngineConfig, eos_id: int, cluster: ClusterConfig,
+            avoid_nodes: frozenset[str] = frozenset()) -> "EngineFleet":
+        """Engines as Ray actors (Ray must be connected: `agentrl.cluster.connect`). `avoid_nodes`: node
+        ids the engines must not use (the learner's, with `cluster.colocate: false`)."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from agentrl.rollout.ray_engine import EngineActor
+
+        remote = ray.remote(EngineActor)
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid_nodes]
+        if avoid_nodes and not nodes:
+            raise FleetFailed("cluster.colocate=false: every node of the Ray cluster holds a learner rank; "
+                              "add a node or set cluster.colocate=true")
+        on_gpu = cluster.engine_num_gpus > 0
+
+        def make_actor(i: int):
+            opts: dict[str, Any] = {"num_cpus": cluster.engine_num_cpus, "num_gpus": cluster.engine_num_gpus,
+                                    "runtime_env": {"env_vars": {"VLLM_LOGGING_LEVEL": "ERROR"}}}
+            if avoid_nodes:
+                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
+            return remote.options(**opts).remote(i, model_path, cfg.model_dump(), eos_id,
+                                                 cluster.tensor_parallel_size, cluster.engine_num_cpus, on_gpu)
+
+        members = [RayMember(i, make_actor=make_actor, start_timeout_s=cluster.start_timeout_s)
+                   for i in range(cluster.engines)]
+        return cls(members, cluster.max_engine_restarts)
+
+    async def start(self) -> None:
+        self.failed = asyncio.get_running_loop().create_future()
+        for m in self.members:
+            if isinstance(m, LocalMember):
+                await m.start()  # vLLM's start blocks this loop; local engines start one after another
+        await asyncio.gather(*(m.start() for m in self.members if not isinstance(m, LocalMember)))
+        for m in self.members:
+            m.healthy = True
+        self._healthy.set()
+
+    # -- routing -------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[_Leased]:
+        """One engine for one episode: the healthy one with the fewest live episodes."""
+        member = await self._pick()
+        member.episodes += 1
+        member.served += 1
+        try:
+            yield _Leased(self, member)
+        finally:
+            member.episodes -= 1
+
+    async def _pick(self) -> Member:
+        while True:
+            self._raise_if_failed()
+            healthy = [m for m in self.members if m.healthy]
+            if healthy:
+                self._rotate += 1
+                n = len(self.members)
+                return min(healthy, key=lambda m: (m.episodes, (m.index - self._rotate) % n))
+            self._healthy.clear()
+            waiter = asyncio.ensure_future(self._healthy.wait())
+            await asyncio.wait([waiter, self.failed], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                       top_p: float = 1.0, seed: int | None = None) -> Generation:
+        """One request on the least-loaded engine (the `GenerateFn` of a single turn)."""
+        async with self.lease() as engine:
+            return await engine.generate(prompt_ids, max_tokens, temperature, top_p, seed)
+
+    # -- versions and weight loads -------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def versions(self) -> list[int]:
+        return [m.version for m in self.members]
+
+    def _set_member_version(self, member: Member, version: int) -> None:
+        member.version = max(member.version, version)
+        served = [m.version for m in self.members if m.healthy]
+        oldest = max(self._version, min(served)) if served else self._version
+        if oldest != self._version:
+            self._version = oldest
+            if self.on_version is not None:
+                self.on_version(oldest)
+
+    async def _load(self, member: Member, handover: Any, version: int) -> float:
+        async with member.load_lock:
+            if member.version >= version:
+                return 0.0
+            pause = await member.load_weights(handover, version)
+            self._set_member_version(member, version)
+            return pause
+
+    async def load_weights_file(self, handover: Any, version: int) -> float:
+        """Load `version` into every healthy engine in parallel; returns the longest pause. Raises
+        naming the engines that failed; the others serve the new version. Each load is shielded: a
+        caller's deadline stops the wait, not the load, whose version is set when it lands."""
+        self._latest = (handover, version)
+        targets = [m for m in self.members if m.healthy]
+        jobs = [asyncio.ensure_future(self._load(m, handover, version)) for m in targets]
+        done = await asyncio.shield(asyncio.gather(*jobs, return_exceptions=True))
+        errors = [f"engine {m.index}: {r!r}" for m, r in zip(targets, done) if isinstance(r, BaseException)]
+        for m, r in zip(targets, done):
+            if isinstance(r, Exception):
+                await self.report_failure(m, r)
+        skipped = [f"engine {m.index}: restarting" for m in self.members if m not in targets]
+        if errors or skipped:
+            raise RuntimeError("; ".join(errors + skipped))
+        return max((r for r in done), default=0.0)
+
+    # -- faults --------------------------------------------------------------------------------
+
+    async def report_failure(self, member: Member, exc: BaseException) -> None:
+        """Called on any error from an engine: restart it if it is dead (errors of one request are not)."""
+        if not member.healthy:
+            return
+        if not member.is_death(exc) and await member.alive():
+            return
+        if not member.healthy:  # another caller noticed first, while we asked
+            return
+        member.healthy = False
+        member.last_error = f"{type(exc).__name__}: {exc}"
+        log.error("engine %d died (%s); restarting it", member.index, member.last_error)
+        task = asyncio.get_running_loop().create_task(self._restart(member))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart(self, member: Member) -> None:
+        while True:
+            if member.restarts >= self.max_restarts:
+                self._fail(f"engine {member.index} died {member.restarts + 1} times (cluster.max_engine_restarts="
+                           f"{self.max_restarts}); last error: {member.last_error}")
+                return
+            member.restarts += 1
+            t0 = time.perf_counter()
+            try:
+                await member.stop()
+                await member.start()
+                while self._latest is not None and member.version < self._latest[1]:
+                    handover, version = self._latest
+                    await member.load_weights(handover, version)
+                    member.version = version
+            except Exception as exc:
+                member.last_error = f"restart failed: {type(exc).__name__}: {exc}"
+                log.error("engine %d: %s", member.index, member.last_error)
+                continue
+            member.healthy = True
+            self._set_member_version(member, member.version)
+            self._healthy.set()
+            log.warning("engine %d restarted in %.1fs, serving v%d", member.index, time.perf_counter() - t0,
+                        member.version)
+            return
+
+    def _fail(self, message: str) -> None:
+        log.error(message)
+        if self.failed is not None and not self.failed.done():
+            self.failed.set_exception(FleetFailed(message))
+            self.failed.exception()  # marks it retrieved: the run reads it through `_raise_if_failed`
+
+    def _raise_if_failed(self) -> None:
+        if self.failed is not None and self.failed.done():
+            raise self.failed.exception()
+
+    async def wait_restarts(self) -> None:
+        """Until every restart under way has finished (or failed the fleet)."""
+        while self._restarts:
+            await asyncio.gather(*self._restarts, return_exceptions=True)
+        self._raise_if_failed()
+
+    def stats(self) -> dict[str, Any]:
+        return {"engines": len(self.members), "engine_versions": self.versions(),
+                "engine_restarts": sum(m.restarts for m in self.members),
+                "engines_healthy": sum(m.healthy for m in self.members),
+                "engine_episodes": [m.served for m in self.members],
+                "engine_where": [m.where for m in self.members]}
+
+    async def shutdown(self) -> None:
+        for task in list(self._restarts):
+            task.cancel()
+        await asyncio.gather(*self._restarts, return_exceptions=True)
+        for m in self.members:
+            await m.stop()

@@ -1,0 +1,80 @@
+"""One vLLM engine inside a Ray actor, so a fleet can spread engines over the GPUs and nodes of a cluster.
+
+The actor is asynchronous: Ray runs its methods as tasks on the actor's one event loop, which is
+the loop the engine's `AsyncLLM` lives on for its whole life, and many requests run at once.
+Weights arrive as a safetensors file's bytes from the object store (read there without a copy);
+the actor writes them to its node's shared memory and the vLLM worker reads that file by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from agentrl.config import EngineConfig
+from agentrl.rollout.engine import Engine, Generation
+from agentrl.rollout.handover import write_handover
+
+log = logging.getLogger(__name__)
+
+
+def cpu_binding(index: int, num_cpus: float) -> str:
+    """Cores for engine `index`'s OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): consecutive blocks of the
+    node's cores, so engines sharing a node do not spin on the same ones."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    k = max(1, int(num_cpus))
+    start = (index * k) % len(cores)
+    picked = (cores + cores)[start:start + min(k, len(cores))]
+    return ",".join(str(c) for c in picked)
+
+
+class EngineActor:
+    """Wrapped by `ray.remote` in `agentrl.rollout.fleet`; every method but the constructor is async."""
+
+    def __init__(self, index: int, model_path: str, engine_cfg: dict[str, Any], eos_id: int,
+                 tensor_parallel_size: int = 1, num_cpus: float = 1.0, on_gpu: bool = False) -> None:
+        if not on_gpu:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(index, num_cpus)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        self.index, self.model_path, self.eos_id = index, model_path, eos_id
+        self.cfg, self.tp = EngineConfig(**engine_cfg), tensor_parallel_size
+        self.engine: Engine | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Start vLLM on this actor's event loop; returns where it runs."""
+        import ray
+
+        self.engine = Engine.start(self.model_path, self.cfg, self.eos_id, tensor_parallel_size=self.tp)
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                       top_p: float = 1.0, seed: int | None = None) -> Generation:
+        return await self.engine.generate(prompt_ids, max_tokens, temperature, top_p, seed)
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        return await self.engine.score(token_ids)
+
+    async def alive(self) -> bool:
+        return self.engine is not None and not self.engine.llm.errored
+
+    async def load_weights(self, blob, version: int) -> float:
+        """`blob`: the safetensors bytes (a uint8 array the object store hands over without a copy).
+        Returns the seconds generation was paused."""
+        t0 = time.perf_counter()
+        path = write_handover(blob, f"agentrl-weights-actor{self.index}-{os.getpid()}-v{version}.safetensors")
+        try:
+            pause = await self.engine.load_weights_file(str(path), version)
+        finally:
+            path.unlink(missing_ok=True)
+        log.debug("engine %d loaded v%d in %.2fs", self.index, version, time.perf_counter() - t0)
+        return pause
+
+    async def version(self) -> int:
+        return self.engine.version
+
+    async def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

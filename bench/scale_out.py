@@ -1,0 +1,143 @@
+"""Scale-out: rollout tokens/s with 2 vLLM engines vs 1, and wall-clock to a held-out score, async vs sync.
+
+    python bench/scale_out.py [--model default] [--episodes 256] [--rounds 2] [--steps 60] [--delta 0.08]
+
+The workload is long-tailed and multi-turn: guess-the-number with up to 16 turns (`max_turns: 16`),
+a reward of 1 - turn_penalty * (t - 1) for finding the number at turn t, so both how often and how
+fast count. A weak policy wanders, so episode lengths spread from 1 to 16 turns; the histogram of the
+measured episodes is printed.
+
+Part 1: the same seeded episodes (`RolloutPool.evaluate`) on a Ray fleet of 1 engine, then of 2
+  (each engine pinned to its own core), `--rounds` times each after a warm-up round: generated
+  tokens/s per round and the ratio of the medians.
+Part 2: two training runs of the real CLI from the same model on this workload, `max_staleness: 0`
+  (synchronous: generation waits for every step and every push) and `max_staleness: 4` (asynchronous,
+  decoupled correction), evaluated every `--eval-every` steps on the same held-out tasks. Prints, for
+  each, the wall-clock from the start of training until the held-out score first reaches the warm
+  start's score + `--delta`, and both runs' final scores; the ratio sync / async is the speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import ROOT, median, progress, resolve_model, run_uvloop, table
+
+ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
+WORKLOAD = ["env.import_path=envs.guess_number:GuessNumberEnv", "env.kwargs.max_turns=16",
+            f"env.kwargs.turn_penalty={ENV_KWARGS['turn_penalty']}", "rollout.max_turns=16",
+            "rollout.max_tokens_per_turn=6", "engine.max_model_len=512"]
+
+
+async def fleet_round_rates(model: str, engines: int, episodes: int, rounds: int) -> tuple[list[float], Counter]:
+    """Generated tokens/s of `rounds` timed rounds of the same seeded episodes on a fleet of `engines`."""
+    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.cluster import connect, disconnect
+    from agentrl.config import ClusterConfig, EngineConfig, RolloutConfig
+    from agentrl.rollout.episode import EpisodeSpec
+    from agentrl.rollout.fleet import EngineFleet
+    from agentrl.rollout.pool import RolloutPool
+    from envs.guess_number import GuessNumberEnv
+
+    cluster = ClusterConfig(backend="ray", engines=engines, engine_num_cpus=1, learner_num_cpus=0)
+    connect(cluster)
+    fmt = ChatFormat(load_tokenizer(model))
+    fleet = EngineFleet.ray(model, EngineConfig(), fmt.eos_id, cluster)
+    await fleet.start()
+    try:
+        spec = EpisodeSpec(GuessNumberEnv, ENV_KWARGS, fmt, RolloutConfig(max_turns=16, max_tokens_per_turn=6,
+                                                                          max_concurrency=episodes), 512)
+        pool = RolloutPool(fleet, spec)
+        tasks = GuessNumberEnv.make_tasks(episodes, 0, "bench")
+        rates, turns = [], Counter()
+        for r in range(rounds + 1):
+            t0 = time.perf_counter()
+            eps = await pool.evaluate(tasks, seed=r)
+            rate = sum(e.n_generated for e in eps) / (time.perf_counter() - t0)
+            if r:  # round 0 warms the engines up
+                rates.append(rate)
+                turns.update(len(e.turns) for e in eps)
+            progress(f"{engines} engine(s), round {r}: {rate:.0f} tok/s" + (" (warm-up)" if not r else ""))
+        return rates, turns
+    finally:
+        await fleet.shutdown()
+        disconnect()
+
+
+def train_run(model: str, staleness: int, steps: int, eval_every: int, out: Path, extra: list[str]) -> dict:
+    """One CLI run; returns its summary and step records (each with `elapsed_s`, some with `eval_score`)."""
+    cmd = [sys.executable, "-m", "agentrl.train", "--config", "examples/agents/guess_number.yaml",
+           f"model.path={model}", f"train.out_dir={out}", f"train.steps={steps}",
+           f"train.eval_every={eval_every}", f"buffer.max_staleness={staleness}", "train.save_model=false",
+           *WORKLOAD, *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
+    progress(f"training, max_staleness {staleness}: {' '.join(cmd[3:])}")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-4000:])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": json.loads((out / "summary.json").read_text()), "records": records}
+
+
+def time_to(records: list[dict], target: float) -> float | None:
+    for r in records:
+        if r.get("eval_score") is not None and r["eval_score"] >= target:
+            return r["elapsed_s"]
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--episodes", type=int, default=256, help="part 1: episodes per round")
+    ap.add_argument("--rounds", type=int, default=2, help="part 1: timed rounds per fleet size")
+    ap.add_argument("--steps", type=int, default=60, help="part 2: learner steps per run")
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--delta", type=float, default=0.08, help="part 2: target = warm-start score + delta")
+    ap.add_argument("--skip", choices=["fleet", "train"], help="run one part only")
+    ap.add_argument("--extra", nargs="*", default=[], help="part 2: more dotted overrides for both runs")
+    args = ap.parse_args()
+    model = resolve_model(args.model)
+
+    if args.skip != "fleet":
+        one, turns = run_uvloop(fleet_round_rates(model, 1, args.episodes, args.rounds))
+        two, _ = run_uvloop(fleet_round_rates(model, 2, args.episodes, args.rounds))
+        rows = [[f"{n} engine(s)", " ".join(f"{x:.0f}" for x in rates), f"{median(rates):.0f}"]
+                for n, rates in ((1, one), (2, two))]
+        print(table(["fleet", "tok/s per round", "median"], rows, f"\nPart 1: {args.episodes} seeded episodes "
+                    f"per round, up to 16 turns (turns per episode: {dict(sorted(turns.items()))})"))
+        print(f"  2 engines / 1 engine = {median(two) / median(one):.3f}")
+
+    if args.skip != "train":
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = {s: train_run(model, s, args.steps, args.eval_every, Path(tmp) / f"s{s}", args.extra)
+                    for s in (0, 4)}
+        before = runs[0]["summary"]["eval_before"]["score"]
+        target = before + args.delta
+        rows = []
+        for s, run in runs.items():
+            t = time_to(run["records"], target)
+            rows.append([f"max_staleness {s}", f"{run['summary']['eval_before']['score']:.3f}",
+                         "not reached" if t is None else f"{t:.0f} s", f"{run['summary']['eval_after']['score']:.3f}",
+                         f"{run['summary']['train']['seconds']:.0f} s"])
+        print(table(["run", "warm start", f"time to {target:.3f}", "final score", "RL time"], rows,
+                    f"\nPart 2: {args.steps} steps, held-out eval every {args.eval_every} steps"))
+        t_sync, t_async = (time_to(runs[s]["records"], target) for s in (0, 4))
+        if t_sync and t_async:
+            print(f"  async speed-up to the target (sync / async) = {t_sync / t_async:.2f}")
+        steps_s = [runs[s]["summary"]["train"]["seconds"] / args.steps for s in (0, 4)]
+        print(f"  seconds per step: sync {steps_s[0]:.2f}, async {steps_s[1]:.2f} -> {steps_s[0] / steps_s[1]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Scale-out end to end, through the real CLI: a Ray cluster started by `ray start --head` (loopback)
+joined with `cluster.address=auto`, 2 vLLM engine actors and 2 DeepSpeed learner ranks; an engine
+actor killed mid-run; the local backend's vLLM core process killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from test_e2e import ROOT, run_cli
+
+pytestmark = pytest.mark.e2e
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head():
+    """A one-node Ray cluster as `ray start --head` makes it; `--block` ties its processes to this one
+    so that ending it stops this cluster only (`ray stop` would stop every Ray on the machine)."""
+    port = free_port()
+    proc = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if "Ray runtime started" in line:
+            break
+    else:
+        raise AssertionError("ray start --head exited")
+    yield port
+    proc.send_signal(signal.SIGTERM)  # drains, then stops the processes it started
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_dir, ray_head):
+    res = run_cli(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=30",
+                  "learner.lr=1e-3", "buffer.batch_size=32", "buffer.max_staleness=0", "data.eval_tasks=64",
+                  "cluster.backend=ray",
+                  "cluster.address=auto", "cluster.engines=2", "cluster.learner_ranks=2")
+    summary, records = res["summary"], res["records"]
+    fleet = summary["fleet"]
+    assert fleet["engines"] == 2 and fleet["engines_healthy"] == 2 and fleet["engine_restarts"] == 0
+    assert all(n > 0 for n in fleet["engine_episodes"])  # both engines served episodes
+    assert fleet["engine_versions"] == [30, 30]  # every engine serves the final weights
+    assert all(r["push_failures"] == 0 for r in records)
+    assert all(r["trained_staleness_max"] == 0 for r in records)
+    assert summary["eval_after"]["score"] > summary["eval_before"]["score"]
+
+
+def launch(tmp_path: Path, model_dir: str, *args: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
+    cmd = [sys.executable, "-m", "agentrl.train", f"model.path={model_dir}", f"train.out_dir={out}",
+           "data.eval_tasks=16", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def wait_for_step(proc: subprocess.Popen, out: Path, step: int) -> None:
+    metrics = out / "metrics.jsonl"
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) > step):
+        assert proc.poll() is None, proc.stdout.read()[-6000:]
+        time.sleep(0.5)
+
+
+def kill_one(title: str, root_pid: int | None = None) -> int:
+    """SIGKILL the first process whose command line starts with `title` (below `root_pid` if given)."""
+    procs = psutil.Process(root_pid).children(recursive=True) if root_pid else psutil.process_iter()
+    for p in procs:
+        try:
+            if " ".join(p.cmdline()).startswith(title):
+                p.kill()
+                return p.pid
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no process {title!r}")
+
+
+def finish(proc: subprocess.Popen, out: Path) -> tuple[dict, list[dict]]:
+    log_text, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, log_text[-6000:]
+    summary = json.loads((out / "summary.json").read_text())
+    return summary, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_recovered(summary: dict, records: list[dict], steps: int, engines: int) -> None:
+    lost = records[-1].get("episodes/engine_error", 0)
+    assert lost > 0  # the episodes in flight on the dead engine, counted
+    assert all(r.get("episodes/engine_error", 0) <= lost for r in records)
+    fleet = summary["fleet"]
+    assert fleet["engine_restarts"] == 1 and fleet["engines_healthy"] == engines
+    assert fleet["engine_versions"] == [steps] * engines  # the restarted engine serves the current version
+    assert summary["eval_after"]["failed"] == {}
+
+
+def test_killing_an_engine_actor_mid_run(tmp_path, model_dir):
+    proc, out = launch(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=24",
+                       "buffer.batch_size=16", "cluster.backend=ray", "cluster.engines=2")
+    wait_for_step(proc, out, 3)
+    kill_one("ray::EngineActor")
+    summary, records = finish(proc, out)
+    check_recovered(summary, records, 24, 2)
+
+
+def test_killing_the_local_vllm_core_mid_run(tmp_path, model_dir):
+    """As a user would: `kill -9` of VLLM::EngineCore five steps into a local run."""
+    proc, out = launch(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=14",
+                       "buffer.batch_size=16")
+    wait_for_step(proc, out, 5)
+    kill_one("VLLM::EngineCore", proc.pid)
+    summary, records = finish(proc, out)
+    check_recovered(summary, records, 14, 1)

@@ -1,0 +1,163 @@
+"""EngineFleet with in-memory members: routing, per-engine versions, deadline misses, restarts.
+
+The members play an engine's part in memory (unit tests of the fleet alone); the real engines, local
+and Ray actors, are exercised in tests/test_e2e_cluster.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl.learner.weight_sync import EngineWeightSync
+from agentrl.rollout.engine import Generation
+from agentrl.rollout.fleet import EngineFleet, FleetFailed, Member
+
+
+class Dead(Exception):
+    pass
+
+
+class MemMember(Member):
+    """Serves one token stamped with its version; `die()` makes its next calls fail as a dead engine's."""
+
+    def __init__(self, index: int, load_delay_s: float = 0.0) -> None:
+        super().__init__(index)
+        self.load_delay_s, self.dead, self.starts, self.loaded = load_delay_s, False, 0, []
+        self.fail_starts = 0
+
+    async def start(self) -> None:
+        if self.fail_starts:
+            self.fail_starts -= 1
+            raise RuntimeError("could not start")
+        self.starts += 1
+        self.dead, self.version = False, 0
+
+    async def generate(self, prompt_ids, max_tokens, temperature=1.0, top_p=1.0, seed=None) -> Generation:
+        await asyncio.sleep(0)
+        if self.dead:
+            raise Dead(f"engine {self.index} is gone")
+        return Generation([self.index], [-0.5], [self.version], "stop")
+
+    async def load_weights(self, handover, version: int) -> float:
+        if self.dead:
+            raise Dead("gone")
+        await asyncio.sleep(self.load_delay_s)
+        self.loaded.append((handover, version))
+        return 0.1
+
+    async def alive(self) -> bool:
+        return not self.dead
+
+    def is_death(self, exc: BaseException) -> bool:
+        return isinstance(exc, Dead)
+
+
+def make(n: int, max_restarts: int = 2, **kw) -> EngineFleet:
+    return EngineFleet([MemMember(i, **kw) for i in range(n)], max_restarts)
+
+
+def test_episodes_stay_on_one_engine_and_new_ones_go_to_the_least_loaded():
+    async def run():
+        fleet = make(3)
+        await fleet.start()
+        async with fleet.lease() as a, fleet.lease() as b, fleet.lease() as c:
+            picked = [a.member.index, b.member.index, c.member.index]
+            assert sorted(picked) == [0, 1, 2]  # one live episode each
+            for _ in range(3):  # every turn of an episode goes to its engine
+                assert (await b.generate([1], 4)).token_ids == [b.member.index]
+            async with fleet.lease() as d:  # all tied at one: any engine, then it has two
+                assert d.member.episodes == 2
+                async with fleet.lease() as e:
+                    assert e.member is not d.member and e.member.episodes == 2
+        assert [m.episodes for m in fleet.members] == [0, 0, 0]
+    asyncio.run(run())
+
+
+def test_each_engine_keeps_its_own_version_and_the_fleet_reports_the_oldest():
+    async def run():
+        fleet = make(2)
+        seen = []
+        fleet.on_version = seen.append
+        await fleet.start()
+        slow = fleet.members[1]
+        slow.load_delay_s = 0.3
+        sync = EngineWeightSync(None, fleet, deadline_s=0.1, publish=lambda v: (f"blob-v{v}", 10))
+        await sync.push(1)
+        results = await sync.drain()
+        # Engine 0 serves v1 at once; engine 1 missed the deadline and still stamps v0.
+        assert not results[0].ok and "deadline" in results[0].error
+        assert fleet.versions() == [1, 0] and fleet.version == 0 and seen == []
+        await asyncio.sleep(0.4)  # the late load lands: its version is set then, not before
+        assert fleet.versions() == [1, 1] and fleet.version == 1 and seen == [1]
+        slow.load_delay_s = 0.0
+        await sync.push(2)
+        assert (await sync.drain())[0].ok and fleet.versions() == [2, 2] and seen == [1, 2]
+        gens = [await m.generate([1], 4) for m in fleet.members]
+        assert [g.versions for g in gens] == [[2], [2]]
+    asyncio.run(run())
+
+
+def test_a_dead_engine_fails_its_episode_turns_is_restarted_and_loads_the_newest_weights():
+    async def run():
+        fleet = make(2)
+        await fleet.start()
+        await fleet.load_weights_file("blob-v3", 3)
+        dying = fleet.members[0]
+        async with fleet.lease() as first, fleet.lease() as second:
+            lease = first if first.member is dying else second
+            dying.dead = True
+            with pytest.raises(Dead):
+                await lease.generate([1], 4)
+            assert not dying.healthy
+            with pytest.raises(RuntimeError, match="died earlier"):  # the episode's later turns fail too
+                await lease.generate([1], 4)
+            # Meanwhile new episodes go to the healthy engine.
+            async with fleet.lease() as other:
+                assert other.member.index == 1
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if dying.healthy:
+                break
+        assert dying.healthy and dying.restarts == 1 and dying.starts == 2
+        assert dying.loaded[-1] == ("blob-v3", 3) and dying.version == 3 and fleet.version == 3
+        assert fleet.stats()["engine_restarts"] == 1
+    asyncio.run(run())
+
+
+def test_an_error_of_one_request_does_not_restart_a_live_engine():
+    async def run():
+        fleet = make(1)
+        await fleet.start()
+        await fleet.report_failure(fleet.members[0], ValueError("prompt too long"))
+        assert fleet.members[0].healthy and fleet.members[0].restarts == 0
+    asyncio.run(run())
+
+
+def test_an_engine_that_keeps_dying_fails_the_fleet_with_a_clear_error():
+    async def run():
+        fleet = make(1, max_restarts=1)
+        await fleet.start()
+        m = fleet.members[0]
+        m.fail_starts = 5  # every restart fails
+        m.dead = True
+        await fleet.report_failure(m, Dead("gone"))
+        with pytest.raises(FleetFailed, match="engine 0 died 2 times .*max_engine_restarts=1"):
+            async with asyncio.timeout(5):
+                async with fleet.lease():
+                    pass
+        assert fleet.failed.done()
+    asyncio.run(run())
+
+
+def test_a_push_skips_a_restarting_engine_and_names_it():
+    async def run():
+        fleet = make(2)
+        await fleet.start()
+        fleet.members[1].healthy = False
+        with pytest.raises(RuntimeError, match="engine 1: restarting"):
+            await fleet.load_weights_file("blob", 1)
+        assert fleet.versions() == [1, 0]
+        assert fleet.version == 1  # the oldest version a healthy engine serves
+    asyncio.run(run())

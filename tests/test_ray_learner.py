@@ -1,0 +1,128 @@
+"""Learner ranks as Ray actors: one step on 2 ranks equals one step on 1 rank on the same batch (fp32,
+weights within 1e-5), across ZeRO stages and with the reference, the critic and mini-batches; a dead
+rank ends the call with a clear error; rank metrics merge by their token shares."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from functools import partial
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentrl.config import AlgoConfig, ClusterConfig, CriticConfig, LearnerConfig
+from agentrl.learner.rl import StepMetrics
+from agentrl.types import Episode, TrainBatch
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def batch_of_two_groups() -> TrainBatch:
+    """8 episodes, 2 groups of 4, ragged lengths, distinct rewards and behaviour logprobs."""
+    g = torch.Generator().manual_seed(0)
+    eps = []
+    for i in range(8):
+        ep = Episode(task_id=f"t{i // 4}", group_id=i // 4)
+        prompt = [1] + torch.randint(20, 300, (3 + i % 3,), generator=g).tolist()
+        gen = torch.randint(20, 300, (2 + (i * 5) % 4,), generator=g).tolist() + [2]
+        ep.append(prompt, generated=False)
+        ep.append(gen, generated=True, logprobs=(-1.0 - torch.rand(len(gen), generator=g)).tolist(),
+                  versions=[0] * len(gen))
+        ep.reward = float((i * 7) % 5) / 4
+        eps.append(ep)
+    return TrainBatch.from_episodes(eps, None, 0)
+
+
+def build(model: str, zero: int, algo: AlgoConfig, mini_batches: int):
+    """What each rank runs to build its Learner (by reference to importable names: rank processes
+    cannot import this test module)."""
+    from agentrl.learner.rl import Learner
+
+    cfg = LearnerConfig(lr=5e-3, zero_stage=zero, micro_batch_size=1, mini_batches=mini_batches)
+    critic = CriticConfig(zero_stage=zero) if algo.advantage == "gae" else None
+    return partial(Learner, model, cfg, algo, 1.0, 8, critic=critic, critic_path=model if critic else None)
+
+
+def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini_batches: int):
+    import ray
+    from safetensors.torch import load
+
+    from agentrl.learner.ray_ranks import RayLearner
+
+    learner = RayLearner(build(model, zero, algo, mini_batches), ClusterConfig(
+        backend="ray", learner_ranks=ranks))
+    learner.start()
+    try:
+        metrics = learner.step(batch_of_two_groups())
+        ref, _ = learner.publish(learner.version, None)
+        return load(ray.get(ref).tobytes()), metrics, learner.version
+    finally:
+        learner.shutdown()
+
+
+@pytest.mark.parametrize("zero,algo,mini_batches", [
+    (0, AlgoConfig(kl_coef=0.1), 2),  # reference logprobs gathered; two optimizer steps
+    (2, AlgoConfig(advantage="gae", mode="bypass"), 1),  # critic values gathered; returns from GAE
+    (3, AlgoConfig(entropy_coef=0.01), 1),  # ZeRO-3 partitions and gathers parameters across ranks
+], ids=["zero0-kl-2mini", "zero2-gae", "zero3-entropy"])
+def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches):
+    one, m1, v1 = weights_after_step(tiny_model, 1, zero, algo, mini_batches)
+    two, m2, v2 = weights_after_step(tiny_model, 2, zero, algo, mini_batches)
+    assert v1 == v2 == mini_batches
+    assert one.keys() == two.keys()
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    start = load_file(os.path.join(tiny_model, "model.safetensors"))
+    moved = max(float((one[k] - start[k]).abs().max()) for k in start if k in one)
+    assert moved > 1e-4  # the step changed the weights, so agreeing is not trivial
+    assert diff < 1e-5, diff
+    for a, b in zip(m1, m2):
+        assert b.loss == pytest.approx(a.loss, abs=1e-5)
+        assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
+        assert b.n_tokens == a.n_tokens and b.share == pytest.approx(a.share)
+
+
+def test_a_dead_rank_ends_the_step_with_a_clear_error(ray_local, tiny_model):
+    from agentrl.learner.ray_ranks import LearnerRankDied, RayLearner
+
+    learner = RayLearner(build(tiny_model, 0, AlgoConfig(), 1), ClusterConfig(backend="ray",
+                                                                                       learner_ranks=2))
+    learner.start()
+    os.kill(learner.where[1]["pid"], signal.SIGKILL)
+    outcome: dict = {}
+
+    def step():
+        try:
+            learner.step(batch_of_two_groups())
+        except LearnerRankDied as exc:
+            outcome["error"] = str(exc)
+
+    t = threading.Thread(target=step, daemon=True)
+    t.start()
+    t.join(timeout=300)  # a hang would keep it alive
+    assert not t.is_alive()
+    assert "learner rank 1 failed during a learner step" in outcome["error"]
+    assert learner.ranks == []  # the survivors were ended too, not left waiting in a collective
+
+
+def test_rank_metrics_merge_by_token_share():
+    from agentrl.learner.ray_ranks import merge_rank_metrics
+
+    r0 = [StepMetrics(-0.5, 2.0, 1.0, 8, 30, {"is_weight_mean": 1.0, "ratio_max": 1.1, "stale0/tokens": 30.0}, 10)]
+    r1 = [StepMetrics(-0.25, 2.0, 1.5, 8, 30, {"is_weight_mean": 1.3, "ratio_max": 1.4, "stale0/tokens": 30.0}, 20)]
+    (m,) = merge_rank_metrics([r0, r1])
+    assert m.loss == pytest.approx(-0.75)  # each rank's loss is already its share of the step's
+    assert m.policy["is_weight_mean"] == pytest.approx((10 * 1.0 + 20 * 1.3) / 30)
+    assert m.policy["ratio_max"] == 1.4 and m.policy["stale0/tokens"] == 30.0
+    assert (m.step_time_s, m.n_tokens, m.share, m.grad_norm) == (1.5, 30, 30, 2.0)
