@@ -50,15 +50,15 @@ def ray_head():
 
 
 def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_dir, ray_head):
-    res = run_cli(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=30",
-                  "learner.lr=1e-3", "buffer.batch_size=32", "buffer.max_staleness=0", "data.eval_tasks=64",
+    res = run_cli(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=40",
+                  "learner.lr=1e-3", "buffer.batch_size=64", "buffer.max_staleness=0", "data.eval_tasks=128",
                   "cluster.backend=ray",
                   "cluster.address=auto", "cluster.engines=2", "cluster.learner_ranks=2")
     summary, records = res["summary"], res["records"]
     fleet = summary["fleet"]
     assert fleet["engines"] == 2 and fleet["engines_healthy"] == 2 and fleet["engine_restarts"] == 0
     assert all(n > 0 for n in fleet["engine_episodes"])  # both engines served episodes
-    assert fleet["engine_versions"] == [30, 30]  # every engine serves the final weights
+    assert fleet["engine_versions"] == [40, 40]  # every engine serves the final weights
     assert all(r["push_failures"] == 0 for r in records)
     assert all(r["trained_staleness_max"] == 0 for r in records)
     assert summary["eval_after"]["score"] > summary["eval_before"]["score"]
@@ -110,9 +110,14 @@ def check_recovered(summary: dict, records: list[dict], steps: int, engines: int
     assert summary["eval_after"]["failed"] == {}
 
 
+# Long episodes and a loose staleness bound keep episodes in flight on every engine at all times, so
+# the kill always catches some.
+BUSY = ("env.kwargs.max_turns=16", "rollout.max_turns=16", "buffer.max_staleness=4", "buffer.batch_size=16")
+
+
 def test_killing_an_engine_actor_mid_run(tmp_path, model_dir):
     proc, out = launch(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=24",
-                       "buffer.batch_size=16", "cluster.backend=ray", "cluster.engines=2")
+                       *BUSY, "cluster.backend=ray", "cluster.engines=2")
     wait_for_step(proc, out, 3)
     kill_one("ray::EngineActor")
     summary, records = finish(proc, out)
@@ -122,7 +127,7 @@ def test_killing_an_engine_actor_mid_run(tmp_path, model_dir):
 def test_killing_the_local_vllm_core_mid_run(tmp_path, model_dir):
     """As a user would: `kill -9` of VLLM::EngineCore five steps into a local run."""
     proc, out = launch(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=14",
-                       "buffer.batch_size=16")
+                       *BUSY)
     wait_for_step(proc, out, 5)
     kill_one("VLLM::EngineCore", proc.pid)
     summary, records = finish(proc, out)

@@ -161,3 +161,27 @@ def test_a_push_skips_a_restarting_engine_and_names_it():
         assert fleet.versions() == [1, 0]
         assert fleet.version == 1  # the oldest version a healthy engine serves
     asyncio.run(run())
+
+
+def test_a_restart_whose_weights_are_replaced_meanwhile_loads_the_newer_ones():
+    """The learner keeps only the newest handover: a push that lands while a restarted engine reads
+    the previous one releases it; the engine then loads the newer one, and that is not a death."""
+    async def run():
+        fleet = make(1)
+        await fleet.start()
+        m = fleet.members[0]
+        await fleet.load_weights_file("blob-v1", 1)
+        original = m.load_weights
+
+        async def racing_load(handover, version):
+            if handover == "blob-v1":
+                fleet._latest = ("blob-v2", 2)  # a push landed and released blob-v1
+                raise FileNotFoundError(handover)
+            return await original(handover, version)
+
+        m.load_weights = racing_load
+        m.dead = True
+        await fleet.report_failure(m, Dead("gone"))
+        await fleet.wait_restarts()
+        assert m.healthy and m.restarts == 1 and m.version == 2 and m.loaded[-1] == ("blob-v2", 2)
+    asyncio.run(run())

@@ -44,6 +44,7 @@ class Member:
     served: int = 0  # leases ever taken (episodes routed here)
     healthy: bool = False
     restarts: int = 0
+    epoch: int = 0  # bumped at each restart: a load begun on the dead engine must not set a version
     last_error: str = ""
     where: dict[str, Any] = field(default_factory=dict)
     load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight load at a time, in order
@@ -261,11 +262,13 @@ class EngineFleet:
                 self.on_version(oldest)
 
     async def _load(self, member: Member, handover: Any, version: int) -> float:
+        epoch = member.epoch
         async with member.load_lock:
-            if member.version >= version:
+            if member.version >= version or member.epoch != epoch:
                 return 0.0
             pause = await member.load_weights(handover, version)
-            self._set_member_version(member, version)
+            if member.epoch == epoch:
+                self._set_member_version(member, version)
             return pause
 
     async def load_weights_file(self, handover: Any, version: int) -> float:
@@ -309,14 +312,14 @@ class EngineFleet:
                            f"{self.max_restarts}); last error: {member.last_error}")
                 return
             member.restarts += 1
+            # A load stuck on the dead engine (a pause that never returns) keeps the old lock.
+            member.epoch += 1
+            member.load_lock = asyncio.Lock()
             t0 = time.perf_counter()
             try:
                 await member.stop()
                 await member.start()
-                while self._latest is not None and member.version < self._latest[1]:
-                    handover, version = self._latest
-                    await member.load_weights(handover, version)
-                    member.version = version
+                await self._catch_up(member)
             except Exception as exc:
                 member.last_error = f"restart failed: {type(exc).__name__}: {exc}"
                 log.error("engine %d: %s", member.index, member.last_error)
@@ -327,6 +330,19 @@ class EngineFleet:
             log.warning("engine %d restarted in %.1fs, serving v%d", member.index, time.perf_counter() - t0,
                         member.version)
             return
+
+    async def _catch_up(self, member: Member) -> None:
+        """Load the newest weights pushed into a restarted engine. A push that lands meanwhile may
+        release the handover being read (the learner keeps only the newest): then load that one."""
+        while self._latest is not None and member.version < self._latest[1]:
+            handover, version = self._latest
+            try:
+                await member.load_weights(handover, version)
+            except Exception:
+                if self._latest[1] == version:
+                    raise
+                continue
+            member.version = version
 
     def _fail(self, message: str) -> None:
         log.error(message)
