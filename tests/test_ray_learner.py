@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 def ray_local():
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # never a leftover cluster
     yield
     ray.shutdown()
 
