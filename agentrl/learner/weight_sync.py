@@ -27,6 +27,7 @@ from agentrl.rollout.handover import handover_dir
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class PushResult:
     version: int
@@ -63,11 +64,8 @@ def write_snapshot(state: dict[str, torch.Tensor], path: Path, dtype: torch.dtyp
     atomically: the engine never sees a half-written file. Returns the bytes written."""
     from safetensors.torch import save_file
 
-    if dtype is not None:
-        state = {k: v.to(dtype) for k, v in state.items()}
-    state = _unshared(state)
     tmp = path.with_name(path.name + ".part")
-    save_file(state, str(tmp))
+    save_file(_for_engine(state, dtype), str(tmp))
     tmp.rename(path)
     return path.stat().st_size
 
@@ -76,9 +74,14 @@ def snapshot_bytes(state: dict[str, torch.Tensor], dtype: torch.dtype | None) ->
     """`state` as the bytes of a safetensors file (for the object store, when engines are Ray actors)."""
     from safetensors.torch import save
 
+    return save(_for_engine(state, dtype))
+
+
+def _for_engine(state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Cast to the engine's dtype (when it serves another) and unshare tied tensors, for safetensors."""
     if dtype is not None:
         state = {k: v.to(dtype) for k, v in state.items()}
-    return save(_unshared(state))
+    return _unshared(state)
 
 
 def _unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

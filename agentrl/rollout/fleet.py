@@ -190,8 +190,8 @@ class EngineFleet:
         on_gpu = cluster.engine_num_gpus > 0
 
         def make_actor(i: int):
-            opts: dict[str, Any] = {"num_cpus": cluster.engine_num_cpus, "num_gpus": cluster.engine_num_gpus,
-                                    "runtime_env": {"env_vars": {"VLLM_LOGGING_LEVEL": "ERROR"}}}
+            # vLLM's log level reaches the actors through the job's runtime_env (agentrl.cluster.connect).
+            opts: dict[str, Any] = {"num_cpus": cluster.engine_num_cpus, "num_gpus": cluster.engine_num_gpus}
             if avoid_nodes:
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
             return remote.options(**opts).remote(i, model_path, cfg.model_dump(), eos_id,

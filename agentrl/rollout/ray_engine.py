@@ -37,7 +37,6 @@ class EngineActor:
                  tensor_parallel_size: int = 1, num_cpus: float = 1.0, on_gpu: bool = False) -> None:
         if not on_gpu:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(index, num_cpus)
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         self.index, self.model_path, self.eos_id = index, model_path, eos_id
         self.cfg, self.tp = EngineConfig(**engine_cfg), tensor_parallel_size
         self.engine: Engine | None = None
@@ -53,9 +52,6 @@ class EngineActor:
                        top_p: float = 1.0, seed: int | None = None) -> Generation:
         return await self.engine.generate(prompt_ids, max_tokens, temperature, top_p, seed)
 
-    async def score(self, token_ids: list[int]) -> list[float]:
-        return await self.engine.score(token_ids)
-
     async def alive(self) -> bool:
         return self.engine is not None and not self.engine.llm.errored
 
@@ -70,9 +66,6 @@ class EngineActor:
             path.unlink(missing_ok=True)
         log.debug("engine %d loaded v%d in %.2fs", self.index, version, time.perf_counter() - t0)
         return pause
-
-    async def version(self) -> int:
-        return self.engine.version
 
     async def shutdown(self) -> None:
         if self.engine is not None:
