@@ -273,6 +273,18 @@ class TrainConfig(_Base):
     out_dir: str = Field("runs/default", description="metrics.jsonl, summary.json and the saved model go here")
     save_model: bool = Field(True, description="save the trained model as a Hugging Face folder")
     seed: int = Field(0, ge=0, description="learner seed")
+    checkpoint_every: int = Field(100, ge=0, description="write a resumable checkpoint under "
+                                  "<out_dir>/checkpoints/step_N every N learner steps and at the end (0 = never)")
+    checkpoint_keep: int = Field(2, ge=0, description="complete checkpoints kept on disk, newest first (0 = all)")
+    resume: str | None = Field(None, description="'auto' (the newest complete checkpoint in out_dir, or a fresh "
+                                                 "start when there is none) or a checkpoint folder")
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"], description="metric sinks; metrics.jsonl is always written (resume "
+                                                       "and the end-of-run plot read it)")
+    wandb_project: str = Field("agentrl", description="wandb project (offline unless WANDB_MODE or an API key "
+                                                      "says otherwise)")
+    save_rollouts: bool = Field(False, description="write every trained episode to <out_dir>/rollouts.jsonl "
+                                                   "(messages, tokens, masks, logprobs, versions, reward, status)")
 
 
 class Config(_Base):
