@@ -57,6 +57,7 @@ class BatchAssembly:
     learner_version: int  # V the batch was assembled for
     staleness_hist: dict[int, int] = field(default_factory=dict)  # V - episode.min_version -> count
     dropped_stale: int = 0  # groups dropped as stale while assembling this batch
+    dropped_ids: list[int] = field(default_factory=list)  # their group ids
 
     @property
     def episodes(self) -> list[Episode]:
@@ -131,8 +132,9 @@ class StalenessBuffer:
                 return self._engine_version
             await self._changed.wait()
 
-    def put(self, group: Group) -> None:
-        """Hand in a finished group; non-trainable episodes are removed and counted by status."""
+    def put(self, group: Group) -> bool:
+        """Hand in a finished group; non-trainable episodes are removed and counted by status.
+        False when none was trainable: the group is refunded, not kept."""
         if self.in_flight_groups <= 0:
             raise RuntimeError(f"put of group {group.group_id} without a matching admit")
         kept = []
@@ -145,9 +147,10 @@ class StalenessBuffer:
         group.episodes = kept
         if not kept:
             self._refund("groups_failed")
-            return
+            return False
         self._ready.append(group)
         self._notify()
+        return True
 
     def release(self) -> None:
         """Give back an admitted slot whose group will never be put (e.g. its producer was cancelled)."""
@@ -171,7 +174,7 @@ class StalenessBuffer:
         Groups with learner_version - group.min_version > max_staleness are dropped (and refunded)
         on every check, so the batch satisfies the invariant in the module docstring.
         """
-        dropped = 0
+        dropped: list[int] = []
         while True:
             if self._closed:
                 raise BufferClosed("buffer closed")
@@ -203,6 +206,24 @@ class StalenessBuffer:
             out[f"episodes_failed/{key}"] = self._n[f"episodes_failed/{key}"]
         return out
 
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[list[Group], dict[str, int]]:
+        """(finished groups waiting, counters): with the in-flight groups' positions, what a checkpoint
+        needs. The groups are not copied: a group is never changed once put."""
+        return list(self._ready), {"issued": self._issued, **self._n}
+
+    def restore(self, ready: list[Group], counters: dict[str, int], in_flight: int) -> None:
+        """State from `snapshot`, taken when `in_flight` groups were running. Those are not restored
+        (their episodes restart and are admitted again), so they are taken out of `issued` and
+        `groups_admitted`: admitted == returned + in buffer + in flight + refunded still holds."""
+        counters = dict(counters)
+        self._issued = counters.pop("issued") - in_flight
+        self._n = Counter(counters)
+        self._n["groups_admitted"] -= in_flight
+        self._ready = deque(ready)
+        self._notify()
+
     # -- internals --------------------------------------------------------------------------------
 
     def _notify(self) -> None:
@@ -215,18 +236,19 @@ class StalenessBuffer:
         self._n["groups_refunded"] += 1
         self._notify()
 
-    def _drop_stale(self, learner_version: int) -> int:
-        fresh = [g for g in self._ready if learner_version - g.min_version <= self.max_staleness]
-        n_stale = len(self._ready) - len(fresh)
-        if n_stale:
-            self._ready = deque(fresh)
-            for _ in range(n_stale):
+    def _drop_stale(self, learner_version: int) -> list[int]:
+        """Ids of the groups dropped."""
+        stale = [g.group_id for g in self._ready if learner_version - g.min_version > self.max_staleness]
+        if stale:
+            self._ready = deque(g for g in self._ready if learner_version - g.min_version <= self.max_staleness)
+            for _ in stale:
                 self._refund("groups_dropped_stale")
-        return n_stale
+        return stale
 
-    def _assemble(self, groups: list[Group], learner_version: int, dropped: int) -> BatchAssembly:
+    def _assemble(self, groups: list[Group], learner_version: int, dropped: list[int]) -> BatchAssembly:
         hist: Counter[int] = Counter(learner_version - e.min_version for g in groups for e in g.episodes)
         self._n["groups_returned"] += len(groups)
         self._n["episodes_returned"] += sum(hist.values())
         return BatchAssembly(groups=groups, learner_version=learner_version,
-                             staleness_hist=dict(sorted(hist.items())), dropped_stale=dropped)
+                             staleness_hist=dict(sorted(hist.items())), dropped_stale=len(dropped),
+                             dropped_ids=dropped)

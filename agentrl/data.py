@@ -68,13 +68,37 @@ def load_tasks(cfg: DataConfig, env_cls: type[Env]) -> tuple[list[Task], list[Ta
     return one(cfg.train_path, cfg.train_tasks, "train"), one(cfg.eval_path, cfg.eval_tasks, "eval")
 
 
-def task_stream(tasks: list[Task], seed: int) -> Iterator[Task]:
-    """Endless stream over `tasks`, reshuffled every epoch."""
-    rng = random.Random(seed)
-    order = list(tasks)
-    while True:
-        rng.shuffle(order)
-        yield from order
+class TaskStream:
+    """The endless training stream as a function of position: position p is the (p mod n)-th task of
+    epoch p // n's shuffle, seeded by (seed, epoch). A run's place in the stream is one number (the
+    checkpoint's task cursor), and a task in flight when a run was killed is re-issued by its position."""
+
+    def __init__(self, tasks: list[Any], seed: int) -> None:
+        if not tasks:
+            raise ValueError("a task stream needs at least one task")
+        self.tasks, self.seed = list(tasks), seed
+        self._epoch, self._order = -1, list(range(len(self.tasks)))
+
+    def __getitem__(self, position: int) -> Any:
+        if position < 0:
+            raise IndexError(f"stream position {position} < 0")
+        epoch, offset = divmod(position, len(self.tasks))
+        if epoch != self._epoch:  # positions are mostly read in order: one shuffle per epoch
+            self._order = list(range(len(self.tasks)))
+            random.Random(f"{self.seed}/{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self.tasks[self._order[offset]]
+
+    def __iter__(self) -> Iterator[Any]:
+        position = 0
+        while True:
+            yield self[position]
+            position += 1
+
+
+def task_stream(tasks: list[Any], seed: int) -> Iterator[Any]:
+    """Endless stream over `tasks`, reshuffled every epoch (`TaskStream` from position 0)."""
+    return iter(TaskStream(tasks, seed))
 
 
 def read_texts(path: str | Path) -> list[str]:

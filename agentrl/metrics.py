@@ -1,4 +1,5 @@
-"""Per-step metrics: one JSON line per learner step, a console progress bar, and a final summary.
+"""Per-step metrics: one JSON line per learner step (plus the extra sinks of `train.loggers`), a console
+progress bar, and a final summary with the curves plot.
 
 Metric names (keys of each jsonl record):
   step, version, reward_mean, success_rate, eval_score (at eval points), staleness_hist,
@@ -12,10 +13,18 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+from agentrl.plot import plot_run
+from agentrl.trackers import flat_scalars, make_trackers
+
+log = logging.getLogger(__name__)
 
 
 class TqdmHandler(logging.Handler):
@@ -37,39 +46,119 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 
 def _clean(value: Any) -> Any:
+    """The record as strict JSON: non-finite floats become null (json.dumps would write NaN)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
     return value
 
 
-class MetricsSink:
-    """Appends records to `<out_dir>/metrics.jsonl` and shows a progress bar over the steps."""
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl, in file order, without the torn line a killed writer can leave."""
+    records = []
+    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
-    def __init__(self, out_dir: str | Path, total_steps: int, show: bool = True) -> None:
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Replace `path` by `text` so that a kill leaves either the old file or the new one, never a mix."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f.name, path)
+
+
+def _keep_before(path: Path, start_step: int) -> None:
+    """A fresh run starts an empty file; a resumed one keeps the steps its checkpoint had already taken
+    (those past it are redone, and would otherwise appear twice)."""
+    if start_step <= 0:
+        path.write_text("")
+        return
+    kept = [r for r in read_metrics(path) if isinstance(r.get("step"), int) and r["step"] < start_step]
+    _atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def _num(record: dict[str, Any], key: str, spec: str) -> str:
+    value = record.get(key)
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+class MetricsSink:
+    """Appends records to `<out_dir>/metrics.jsonl`, forwards their scalars to the extra sinks of
+    `train.loggers` (agentrl.trackers), shows a progress bar over the steps, and at the end writes the
+    summary and the curves plot."""
+
+    def __init__(self, out_dir: str | Path, total_steps: int, show: bool = True,
+                 loggers: Iterable[str] = ("jsonl",), start_step: int = 0, wandb_project: str = "agentrl",
+                 run_config: dict[str, Any] | None = None) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
-        self.path.write_text("")
-        self.bar = tqdm(total=total_steps, desc="RL steps", dynamic_ncols=True, disable=not show)
+        # Trackers first: a missing package fails the run before metrics.jsonl is touched.
+        self.trackers = make_trackers(loggers, self.dir, start_step, wandb_project, run_config)
+        _keep_before(self.path, start_step)
+        self._file = self.path.open("a")
+        self._next_step = start_step
+        self._finished = False  # write_summary ran: the trackers close as a finished run, not a failed one
+        self._closed = False
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="RL steps", dynamic_ncols=True,
+                        disable=not show)
 
     def log(self, record: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(_clean(record)) + "\n")
+        self._file.write(json.dumps(_clean(record)) + "\n")
+        self._file.flush()  # a killed run keeps every whole line; resume drops a torn last one
+        step = record.get("step", self._next_step)
+        self._next_step = step + 1
+        scalars = flat_scalars(record)
+        for tracker in self.trackers:
+            tracker.log(scalars, step)
         self.bar.update(1)
-        self.bar.set_postfix(
-            reward=f"{record.get('reward_mean', float('nan')):.3f}",
-            succ=f"{record.get('success_rate', float('nan')):.2f}",
-            tok_s=f"{record.get('rollout_tokens_per_s', 0):.0f}",
-            stale=record.get("staleness_max", 0),
-        )
+        self.bar.set_postfix(reward=_num(record, "reward_mean", ".3f"), succ=_num(record, "success_rate", ".2f"),
+                             tok_s=_num(record, "rollout_tokens_per_s", ".0f"), stale=record.get("staleness_max", 0))
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
-        self.bar.close()
+        """Writes curves.png (from every record in metrics.jsonl, also those before a resume; its path goes
+        into `summary["plot"]`) and summary.json, then closes the sink."""
+        self._file.flush()
+        records = read_metrics(self.path)
+        try:
+            summary["plot"] = str(plot_run(records, self.dir / "curves.png", _score(summary.get("eval_before")),
+                                           _score(summary.get("eval_after")), f"{self.dir.resolve().name}: "
+                                           f"{len(records)} learner steps"))
+        except Exception:  # a plot must never cost the run its summary
+            log.exception("could not draw %s", self.dir / "curves.png")
         path = self.dir / "summary.json"
-        path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+        _atomic_write(path, json.dumps(_clean(summary), indent=2) + "\n")
+        self._finished = True
+        self.close()
         return path
+
+    def close(self) -> None:
+        """Closes the bar, metrics.jsonl and the trackers; safe to call again (the training loop's `finally`)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.bar.close()
+        self._file.close()
+        for tracker in self.trackers:
+            try:
+                tracker.close(ok=self._finished)
+            except Exception:  # on the error path, raising here would hide the error that got us here
+                log.exception("closing %s failed", type(tracker).__name__)
+
+
+def _score(result: dict[str, Any] | None) -> float | None:
+    return result.get("score") if isinstance(result, dict) else None
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -89,4 +178,6 @@ def print_summary(summary: dict[str, Any]) -> None:
     lines.append(f"RL time {train.get('seconds', 0):.0f}s, total wall time {summary.get('wall_s', 0):.0f}s")
     if "saved_model" in summary:
         lines.append(f"trained model                   : {summary['saved_model']}")
+    if summary.get("plot"):
+        lines.append(f"curves                          : {summary['plot']}")
     print("\n".join(lines), flush=True)

@@ -80,6 +80,7 @@ class Prepared:
     env_cls: type[Env]
     train_tasks: list[Task]
     eval_tasks: list[Task]
+    resume: Path | None = None  # the checkpoint folder a resumed run continues from
 
 
 def prepare(cfg: Config) -> Prepared:
@@ -98,7 +99,16 @@ def prepare(cfg: Config) -> Prepared:
         check_sources(cfg.rewards)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return Prepared(env_cls, train_tasks, eval_tasks)
+    from agentrl.checkpoint import CheckpointError, resolve_resume
+    from agentrl.trackers import check_available
+
+    check_available(cfg.train.loggers)
+
+    try:
+        resume = resolve_resume(cfg.train.resume, cfg.train.out_dir)
+    except CheckpointError as exc:
+        raise ConfigError(str(exc)) from None
+    return Prepared(env_cls, train_tasks, eval_tasks, resume)
 
 
 def _load_tasks(cfg: Config, env_cls: type[Env]) -> tuple[list[Task], list[Task]]:

@@ -20,12 +20,14 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from agentrl.buffer import BatchAssembly, StalenessBuffer
 from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.config import Config, ConfigError, load_config
-from agentrl.data import DataError
+from agentrl.checkpoint import RunState
+from agentrl.data import DataError, TaskStream
 from agentrl.metrics import MetricsSink, print_summary, setup_logging
 from agentrl.rollout.pool import Producer, RolloutPool, score_episodes
 from agentrl.startup import Prepared, prepare, resolve_model, start_workers, stop_workers
@@ -87,19 +89,50 @@ async def unless_failed(coro, failed: asyncio.Future):
     return task.result()
 
 
-async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, eval_tasks: list[dict],
-                     sink: MetricsSink, pad_id: int) -> dict[str, Any]:
-    buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness)
+@dataclass
+class Loop:
+    """What the training loop works with, built by `run`."""
+
+    cfg: Config
+    pool: RolloutPool
+    learner: Any  # Learner or RayLearner
+    sync: Any  # EngineWeightSync
+    stream: TaskStream
+    eval_tasks: list[dict]
+    sink: MetricsSink
+    pad_id: int
+    t_start: float  # perf_counter at the start of this process's run
+    summary: dict[str, Any]  # what a checkpoint keeps for the final summary (eval_before)
+    state: RunState | None = None  # the checkpoint's state when resuming
+    rollouts: Any = None  # RolloutWriter when train.save_rollouts
+
+
+def _checkpoint_due(cfg: Config, step: int) -> bool:
+    every = cfg.train.checkpoint_every
+    return bool(every) and ((step + 1) % every == 0 or step == cfg.train.steps - 1)
+
+
+async def train_loop(lp: Loop) -> dict[str, Any]:
+    from agentrl.checkpoint import CheckpointStore, capture, restore, save_run_state
+
+    cfg, pool, learner, sync, state = lp.cfg, lp.pool, lp.learner, lp.sync, lp.state
     fleet = pool.engine
+    buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness,
+                             engine_version=fleet.version)
     fleet.on_version = buffer.set_engine_version  # the oldest version any engine serves
-    producer = Producer(buffer, pool, train_iter, cfg.rollout.n_samples, cfg.algo.dynamic_filter)
+    producer = Producer(buffer, pool, lp.stream.__getitem__, cfg.rollout.n_samples, cfg.algo.dynamic_filter,
+                        cursor=state.cursor if state else 0, reissue=state.in_flight if state else ())
+    if state is not None:
+        restore(state, buffer, producer, pool)
+    store = CheckpointStore(cfg.train.out_dir, cfg.train.checkpoint_keep)
     producer_task = asyncio.create_task(producer.run())
     window = {"tokens": pool.generated_tokens, "time": time.perf_counter()}
-    t_loop, max_stale_seen = time.perf_counter(), 0
+    elapsed_before = state.elapsed_s if state else 0.0
+    max_stale_seen = state.max_staleness_seen if state else 0
     try:
-        for step in range(cfg.train.steps):
+        for step in range(state.step if state else 0, cfg.train.steps):
             assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed)
-            batch = make_train_batch(assembly, pad_id)
+            batch = make_train_batch(assembly, lp.pad_id)
             # Checked again on the tensors the learner actually trains on, independently of the buffer.
             trained_staleness = learner.version - int(batch.versions[batch.loss_mask > 0].min())
             if trained_staleness > cfg.buffer.max_staleness:
@@ -111,14 +144,34 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
                 await sync.push(learner.version)
             rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
             rec["trained_staleness_max"] = trained_staleness
-            rec["elapsed_s"] = time.perf_counter() - t_loop
             rec.update(producer.metrics())
             rec.update(engine_restarts=fleet.stats()["engine_restarts"], engine_version_min=fleet.version)
             if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                 # Runs beside training episodes on whatever weights the engine serves right now.
-                rec["eval_score"] = score_episodes(await pool.evaluate(eval_tasks, cfg.data.seed)).score
+                rec["eval_score"] = score_episodes(await pool.evaluate(lp.eval_tasks, cfg.data.seed)).score
             max_stale_seen = max(max_stale_seen, trained_staleness)
-            sink.log(rec)
+            # From here to the checkpoint's capture nothing awaits: every task position is accounted
+            # for once, in a record or in the checkpoint.
+            rec["tasks/trained"] = [g.group_id for g in assembly.groups]
+            dropped = producer.take_outcomes()
+            if assembly.dropped_ids:
+                dropped["stale"] = assembly.dropped_ids
+            rec["tasks/dropped"] = dropped
+            rec["elapsed_s"] = elapsed_before + time.perf_counter() - lp.t_start
+            lp.sink.log(rec)
+            if lp.rollouts is not None:
+                lp.rollouts.write(step, assembly.groups)
+            if _checkpoint_due(cfg, step):
+                snap = capture(step + 1, learner.version, buffer, producer, pool, rec["elapsed_s"], lp.summary,
+                               max_stale_seen)
+
+                def fill(folder, snap=snap):
+                    learner.save_checkpoint(str(folder / "learner"))
+                    save_run_state(folder, snap)
+
+                t0 = time.perf_counter()
+                where = await asyncio.to_thread(store.write, step + 1, fill)  # generation goes on meanwhile
+                log.info("checkpoint %s written in %.1fs", where, time.perf_counter() - t0)
     finally:
         await producer.stop()
         producer_task.cancel()
@@ -128,9 +181,29 @@ async def train_loop(cfg: Config, pool: RolloutPool, learner, sync, train_iter, 
             "final_push_ok": all(p.ok for p in pushes)}
 
 
+async def resume_workers(prep: Prepared, learner, sync) -> tuple[RunState, dict[str, Any]]:
+    """Load the checkpoint into the learner, then have every engine serve its weights and version
+    before the first episode starts."""
+    from agentrl.checkpoint import CheckpointStore, load_run_state
+
+    state = load_run_state(prep.resume)
+    digest = await asyncio.to_thread(learner.load_checkpoint, str(prep.resume / "learner"))
+    if learner.version != state.learner_version:
+        raise RuntimeError(f"{prep.resume}: learner version {learner.version} != the run state's "
+                           f"{state.learner_version}")
+    await sync.push(learner.version)
+    failed = [r for r in await sync.landed() if not r.ok]
+    if failed:
+        raise RuntimeError(f"resume: the engines did not load the checkpoint's weights: {failed[0].error}")
+    CheckpointStore(prep.resume.parent.parent).discard_after(state.step)
+    log.info("resumed from %s: step %d, version %d, %d finished groups waiting, %d in flight re-issued",
+             prep.resume, state.step, learner.version, len(state.ready), len(state.in_flight))
+    return state, {"from": str(prep.resume), "step": state.step, "optimizer": digest,
+                   "groups_restored": len(state.ready), "groups_reissued": len(state.in_flight)}
+
+
 async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     """Build every stage, evaluate, train, evaluate, save; returns the summary."""
-    from agentrl.data import task_stream
     from agentrl.learner.models import frozen_engine
     from agentrl.rollout.episode import EpisodeSpec
     from agentrl.tools import aclose_shared
@@ -146,22 +219,35 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(prep.train_tasks),
              len(prep.eval_tasks))
     scorer = RewardCombiner(cfg.rewards, engine_factory=frozen_engine)
-    fleet = learner = None
+    fleet = learner = sink = rollouts = None
     try:
         fleet, learner, sync = await start_workers(cfg, model_path, tokenizer, fmt.eos_id)
+        state, resumed = (await resume_workers(prep, learner, sync)) if prep.resume else (None, None)
         spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
         pool = RolloutPool(fleet, spec, scorer)
         summary: dict[str, Any] = {"model": model_path, "config": cfg.model_dump()}
-        if cfg.train.eval_before:
-            summary["eval_before"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
-            log.info("eval before RL: %s", summary["eval_before"])
+        kept: dict[str, Any] = dict(state.summary) if state else {}
+        if cfg.train.eval_before and state is None:
+            kept["eval_before"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
+            log.info("eval before RL: %s", kept["eval_before"])
+        summary.update(kept)
+        if resumed:
+            summary["resumed"] = resumed
         pool.status_counts.clear()
         pool.tool_stats.clear()
         scorer.stats.clear()
-        sink = MetricsSink(cfg.train.out_dir, cfg.train.steps, show=sys.stderr.isatty() or "CI" not in os.environ)
+        start_step = state.step if state else 0
+        sink = MetricsSink(cfg.train.out_dir, cfg.train.steps, show=sys.stderr.isatty() or "CI" not in os.environ,
+                           loggers=cfg.train.loggers, start_step=start_step, wandb_project=cfg.train.wandb_project,
+                           run_config=cfg.model_dump())
+        if cfg.train.save_rollouts:
+            from agentrl.rollout.records import RolloutWriter
+
+            rollouts = RolloutWriter(os.path.join(cfg.train.out_dir, "rollouts.jsonl"), start_step)
         t_train = time.perf_counter()
-        summary["train"] = await train_loop(cfg, pool, learner, sync, task_stream(prep.train_tasks, cfg.data.seed),
-                                            prep.eval_tasks, sink, tokenizer.pad_token_id)
+        summary["train"] = await train_loop(Loop(
+            cfg, pool, learner, sync, TaskStream(prep.train_tasks, cfg.data.seed), prep.eval_tasks, sink,
+            tokenizer.pad_token_id, t_start, kept, state, rollouts))
         summary["train"]["seconds"] = time.perf_counter() - t_train
         await fleet.wait_restarts()  # the held-out eval runs on the whole fleet
         summary["fleet"] = fleet.stats()
@@ -175,6 +261,9 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
         sink.write_summary(summary)
         return summary
     finally:
+        for out in (sink, rollouts):
+            if out is not None:
+                out.close()
         await aclose_shared()
         await scorer.aclose()
         await stop_workers(cfg, fleet, learner)

@@ -126,3 +126,41 @@ def test_rank_metrics_merge_by_token_share():
     assert m.policy["is_weight_mean"] == pytest.approx((10 * 1.0 + 20 * 1.3) / 30)
     assert m.policy["ratio_max"] == 1.4 and m.policy["stale0/tokens"] == 30.0
     assert (m.step_time_s, m.n_tokens, m.share, m.grad_norm) == (1.5, 30, 30, 2.0)
+
+
+def test_two_ranks_resume_from_a_checkpoint_and_take_the_same_step(tiny_model, tmp_path, ray_local):
+    """ZeRO-2 on 2 ranks: each rank writes its optimizer shard; fresh ranks load them and the next step
+    gives the same weights as the ranks that never stopped."""
+    import ray
+    from safetensors.torch import load
+
+    from agentrl.learner.ray_ranks import RayLearner
+
+    def start():
+        learner = RayLearner(build(tiny_model, 2, AlgoConfig(), 1), ClusterConfig(backend="ray", learner_ranks=2))
+        learner.start()
+        return learner
+
+    def weights(learner):
+        ref, _ = learner.publish(learner.version, None)
+        return load(ray.get(ref).tobytes())
+
+    a = start()
+    try:
+        a.step(batch_of_two_groups())
+        a.save_checkpoint(str(tmp_path / "ckpt"))
+        assert sorted(p.name for p in (tmp_path / "ckpt" / "actor").glob("zero_pp_rank_*")) == [
+            "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+        a.step(batch_of_two_groups())
+        expected = weights(a)
+    finally:
+        a.shutdown()
+    b = start()
+    try:
+        digest = b.load_checkpoint(str(tmp_path / "ckpt"))
+        assert b.version == 1 and digest["adam_step"] == 1
+        b.step(batch_of_two_groups())
+        got = weights(b)
+    finally:
+        b.shutdown()
+    assert all(torch.equal(got[k], expected[k]) for k in expected)

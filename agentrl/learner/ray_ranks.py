@@ -71,6 +71,13 @@ class LearnerRank:
     def save(self, out_dir: str, tokenizer) -> None:
         self.learner.save(out_dir, tokenizer)
 
+    def save_checkpoint(self, folder: str) -> None:
+        self.learner.save_checkpoint(folder)
+
+    def load_checkpoint(self, folder: str) -> tuple[int, dict[str, float]]:
+        digest = self.learner.load_checkpoint(folder)
+        return self.learner.version, digest
+
 
 def merge_rank_metrics(per_rank: list[list[StepMetrics]]) -> list[StepMetrics]:
     """One StepMetrics per optimizer step from every rank's: losses add (each rank's is already its
@@ -128,6 +135,16 @@ class RayLearner:
 
     def save(self, out_dir: str, tokenizer) -> None:
         self._wait([a.save.remote(out_dir, tokenizer) for a in self.ranks], "saving the model")
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Every rank writes its part into `folder` (a folder every node can reach, on several nodes)."""
+        self._wait([a.save_checkpoint.remote(folder) for a in self.ranks], "writing a checkpoint")
+
+    def load_checkpoint(self, folder: str) -> dict[str, float]:
+        """Rank 0's restored optimizer digest; the driver's version follows the ranks'."""
+        self.version, digest = self._wait([a.load_checkpoint.remote(folder) for a in self.ranks],
+                                          "loading a checkpoint")[0]
+        return digest
 
     def _wait(self, refs: list, what: str, timeout_s: float | None = None) -> list:
         """Results in rank order; the first rank to fail ends every rank and raises `LearnerRankDied`."""

@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 
+from agentrl import faults
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
                           aggregate, clip_rewards, correction_metrics, importance_weights, kl_estimate,
                           kl_penalized_token_rewards, make_kl_controller, masked_mean, value_loss)
@@ -101,6 +102,7 @@ class Learner:
         self.loss_fn = POLICY_LOSSES[algo.policy_loss]
         self.version = 0  # actor optimizer steps (also counted while the actor is frozen: pushes stay ordered)
         self.batches_seen = 0
+        self.unsup_drawn = 0  # batches taken from unsup_batches (a resumed run skips as many)
 
     # -- forward passes ---------------------------------------------------------------------------
 
@@ -222,6 +224,7 @@ class Learner:
     def _unsup_loss(self) -> torch.Tensor:
         """Next-token cross-entropy on the next batch of unsupervised text (DeepSpeed-Chat's ptx loss)."""
         ids, attn = (t.to(self.device) for t in next(self.unsup_batches))
+        self.unsup_drawn += 1
         logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
         target = ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
@@ -249,6 +252,7 @@ class Learner:
                 loss_val, metrics = micro_step(sl, n / max(total, 1.0))
                 loss_sum += loss_val
                 metric_rows.append((n, metrics))
+            faults.reached("learner_step")  # gradients taken, weights not yet updated
             if k == len(slices) - 1 and zero_stage == 0:
                 grad_norm = _local_grad_norm(engine.module)  # DeepSpeed records it only for ZeRO >= 1
             engine.step()
@@ -290,6 +294,7 @@ class Learner:
             t0 = time.perf_counter()
             rows = range(start, min(start + per_mini, batch.size))
             loss, grad_norm, metric_rows = 0.0, float("nan"), []
+            lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
             if actor_trains:
                 self.engine.train()
                 loss, grad_norm, metric_rows = self._train_engine(
@@ -297,7 +302,7 @@ class Learner:
                     lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w))
                 if self.ema is not None:
                     self.ema.update(self.engine.module)
-            extra = {**shaped, "actor_frozen": float(not actor_trains)}
+            extra = {**shaped, "actor_frozen": float(not actor_trains), "lr": lr}
             if self.critic is not None:
                 self.critic.train()
                 vf_loss, vf_norm, vf_rows = self._train_engine(
@@ -312,6 +317,20 @@ class Learner:
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
                 policy={**_weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
         return results
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Everything a resumed run needs (`agentrl.learner.state`); every rank takes part."""
+        from agentrl.learner.state import save_learner
+
+        save_learner(self, folder)
+
+    def load_checkpoint(self, folder: str) -> dict[str, float]:
+        """Restore a `save_checkpoint` folder; returns the restored optimizer's digest."""
+        from agentrl.learner.state import load_learner
+
+        return load_learner(self, folder)
 
     # -- weights out ------------------------------------------------------------------------------
 

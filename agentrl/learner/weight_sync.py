@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from agentrl import faults
 from agentrl.rollout.handover import handover_dir
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ class EngineWeightSync:
             self._results.append(PushResult(version, False, time.perf_counter() - t0, error=repr(exc)))
             return
         snapshot_s = time.perf_counter() - t0
+        faults.reached("weight_push")  # the snapshot is written; no engine has loaded it
         previous = self._last
         self._last = asyncio.get_running_loop().create_task(
             self._push(handover, size, version, previous, t0, snapshot_s))
@@ -158,17 +160,22 @@ class EngineWeightSync:
             log.error("weight push v%d failed: %s", version, result.error)
         self._results.append(result)
 
+    async def landed(self) -> list[PushResult]:
+        """Wait for the pushes in flight (the newest handover is kept); return the unreported results."""
+        if self._last is not None:
+            await asyncio.shield(self._last)
+        return self.take_results()
+
     def take_results(self) -> list[PushResult]:
         out, self._results = self._results, []
         return out
 
     async def drain(self) -> list[PushResult]:
         """Wait for the pushes in flight, release the last handover, return the unreported results."""
-        if self._last is not None:
-            await asyncio.shield(self._last)
+        results = await self.landed()
         _release(self._kept)
         self._kept = None
-        return self.take_results()
+        return results
 
 
 def _arg(handover: Any) -> Any:

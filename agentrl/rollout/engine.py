@@ -13,13 +13,39 @@ import asyncio
 import gc
 import itertools
 import logging
+import multiprocessing
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
 from agentrl.config import EngineConfig
 
 log = logging.getLogger(__name__)
+
+
+_watching = False
+
+
+def exit_with_parent() -> None:
+    """A vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml), so vLLM runs it in
+    its engine-core and worker processes: such a process dies when its parent dies. A driver killed
+    with SIGKILL runs no shutdown, and vLLM's engine core would otherwise live on as an orphan holding
+    a core (or a GPU) and the run's output pipes. The parent's sentinel becomes ready when the parent
+    exits, however it exits. A no-op in a process no multiprocessing parent started (the driver, a
+    Ray actor)."""
+    global _watching
+    parent = multiprocessing.parent_process()
+    if parent is None or _watching:
+        return
+    _watching = True
+
+    def watch() -> None:
+        parent.join()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="agentrl-exit-with-parent", daemon=True).start()
 
 
 class WeightReceiver:

@@ -10,12 +10,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import torch
 
+from agentrl import faults
 from agentrl.algo import informative_groups
 from agentrl.buffer import BufferClosed, StalenessBuffer
 from agentrl.rollout.episode import EpisodeSpec, GenerateFn, run_episode
@@ -51,6 +52,7 @@ class RolloutPool:
                 lease = getattr(self.engine, "lease", None)
                 async with (lease() if lease else contextlib.nullcontext(self.engine)) as engine:
                     ep = await run_episode(task, engine, self.spec, group_id, seed)
+                faults.reached("generation")  # this episode is done; others are mid-generation
             finally:
                 self.in_flight -= 1
         if self.scorer is not None and ep.status in TRAINABLE_STATUSES:
@@ -97,39 +99,75 @@ def score_episodes(episodes: list[Episode]) -> EvalResult:
 
 
 class Producer:
-    """Admits groups through the buffer and runs them on the pool until stopped."""
+    """Admits groups through the buffer and runs them on the pool until stopped.
 
-    def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Iterator[dict], n: int,
-                 dynamic_filter: bool = False) -> None:
-        """`dynamic_filter`: groups whose trainable episodes all got the same reward carry no group-
-        relative signal; they give their slot back and another group is sampled (DAPO)."""
+    Each group is one task of the stream, and its group id is the task's stream position. Positions
+    are taken in order from `cursor`, after the `reissue` ones (groups that were in flight when a
+    checkpoint was taken). `in_flight()` and `take_outcomes()` let the driver account for every
+    position: trained, dropped (with its reason), finished and waiting, or in flight."""
+
+    def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Callable[[int], dict], n: int,
+                 dynamic_filter: bool = False, cursor: int = 0, reissue: Iterable[int] = ()) -> None:
+        """`tasks`: position -> task (`agentrl.data.TaskStream`). `dynamic_filter`: groups whose
+        trainable episodes all got the same reward carry no group-relative signal; they give their
+        slot back and another group is sampled (DAPO)."""
         self.buffer, self.pool, self.tasks, self.n = buffer, pool, tasks, n
         self.dynamic_filter = dynamic_filter
+        self.cursor = cursor
+        self._reissue = deque(reissue)
         self.groups_finished = self.groups_filtered = 0
         self._jobs: set[asyncio.Task] = set()
-        self._next_id = 0
+        self._live: set[int] = set()  # positions admitted and not yet put, released or refunded
+        self._outcomes: list[tuple[int, str]] = []  # (position, "failed" | "filtered") not yet taken
 
     async def run(self) -> None:
         try:
             while True:
                 version = await self.buffer.admit()
-                job = asyncio.create_task(self._group(next(self.tasks), self._next_id, version))
-                self._next_id += 1
+                if self._reissue:
+                    position = self._reissue.popleft()
+                else:
+                    position, self.cursor = self.cursor, self.cursor + 1
+                self._live.add(position)
+                job = asyncio.create_task(self._group(self.tasks(position), position, version))
                 self._jobs.add(job)
                 job.add_done_callback(self._jobs.discard)
         except BufferClosed:
             pass
 
-    async def _group(self, task: dict, group_id: int, version: int) -> None:
-        group = await self.pool.group(task, group_id, self.n, version)
+    async def _group(self, task: dict, position: int, version: int) -> None:
+        group = await self.pool.group(task, position, self.n, version)
         if self.buffer.closed:
             return
+        self._live.discard(position)
         self.groups_finished += 1
         if self.dynamic_filter and not _informative(group.episodes):
             self.groups_filtered += 1
             self.buffer.release()
+            self._outcomes.append((position, "filtered"))
             return
-        self.buffer.put(group)
+        if not self.buffer.put(group):
+            self._outcomes.append((position, "failed"))
+
+    def in_flight(self) -> list[int]:
+        """Positions of the groups running now (admitted, not finished), re-issues not yet started
+        included."""
+        return sorted(self._live) + list(self._reissue)
+
+    def take_outcomes(self) -> dict[str, list[int]]:
+        """Positions dropped since the last call, by reason ("failed": no trainable episode;
+        "filtered": no reward spread under dynamic_filter)."""
+        out: dict[str, list[int]] = {}
+        for position, reason in self._outcomes:
+            out.setdefault(reason, []).append(position)
+        self._outcomes.clear()
+        return out
+
+    def counters(self) -> dict[str, int]:
+        return {"groups_finished": self.groups_finished, "groups_filtered": self.groups_filtered}
+
+    def restore_counters(self, counters: dict[str, int]) -> None:
+        self.groups_finished, self.groups_filtered = counters["groups_finished"], counters["groups_filtered"]
 
     async def stop(self) -> None:
         self.buffer.close()
