@@ -22,8 +22,7 @@ import time
 from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
-from agentrl.data import DataError
-from agentrl.startup import Prepared, prepare, resolve_model, stop_workers
+from agentrl.startup import Prepared, input_error, prepare, resolve_model, stop_workers
 from agentrl.types import Episode
 
 log = logging.getLogger("agentrl")
@@ -183,12 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg.model.path = args.model
         cfg.train.resume = None  # a training setting; eval starts from the model folder
         prep = prepare(cfg)
-    except DataError as exc:
-        print(f"data error: {exc}", file=sys.stderr)
-        return 2
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:  # DataError included
+        return input_error(exc)
     import uvloop
 
     from agentrl.cluster import ClusterError
@@ -198,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report = runner.run(evaluate(cfg, prep, args.samples))
         except ConfigError as exc:  # the model folder's chat template
-            print(f"config error: {exc}", file=sys.stderr)
-            return 2
+            return input_error(exc)
         except (ClusterError, FleetFailed) as exc:
             print(f"eval failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1

@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from agentrl.files import atomic_write
 from agentrl.plot import plot_run
 from agentrl.trackers import flat_scalars, make_trackers
 
@@ -69,15 +68,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Replace `path` by `text` so that a kill leaves either the old file or the new one, never a mix."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(f.name, path)
-
-
 def _keep_before(path: Path, start_step: int) -> None:
     """A fresh run starts an empty file; a resumed one keeps the steps its checkpoint had already taken
     (those past it are redone, and would otherwise appear twice)."""
@@ -85,7 +75,7 @@ def _keep_before(path: Path, start_step: int) -> None:
         path.write_text("")
         return
     kept = [r for r in read_metrics(path) if isinstance(r.get("step"), int) and r["step"] < start_step]
-    _atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def _num(record: dict[str, Any], key: str, spec: str) -> str:
@@ -138,7 +128,7 @@ class MetricsSink:
         except Exception:  # a plot must never cost the run its summary
             log.exception("could not draw %s", self.dir / "curves.png")
         path = self.dir / "summary.json"
-        _atomic_write(path, json.dumps(_clean(summary), indent=2) + "\n")
+        atomic_write(path, json.dumps(_clean(summary), indent=2) + "\n")
         self._finished = True
         self.close()
         return path

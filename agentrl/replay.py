@@ -28,6 +28,7 @@ from typing import Any
 from agentrl.config import ConfigError, RewardsConfig, load_config
 from agentrl.data import DataError
 from agentrl.rollout.records import episode_from_record, episode_to_record, read_records
+from agentrl.startup import input_error
 from agentrl.types import TRAINABLE_STATUSES, Episode
 
 RESCORED = ("ok", "truncated", "reward_error")  # saved statuses whose episodes are scored again
@@ -173,12 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         replayed = rebuild(args.rollouts, read_records(args.rollouts))
-    except DataError as exc:
-        print(f"data error: {exc}", file=sys.stderr)
-        return 2
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:  # DataError included
+        return input_error(exc)
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.config import Config, ConfigError
 from agentrl.data import Task
 from agentrl.env import Env
+
+
+def input_error(exc: ConfigError) -> int:
+    """What every CLI does with a user's input error: one line on stderr ("data error: ..." for task
+    and text files, "config error: ..." otherwise), and exit code 2."""
+    from agentrl.data import DataError
+
+    print(f"{'data error' if isinstance(exc, DataError) else 'config error'}: {exc}", file=sys.stderr)
+    return 2
 
 
 def critic_init_path(cfg: Config, model_path: str) -> str:

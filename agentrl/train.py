@@ -27,10 +27,10 @@ from agentrl.buffer import BatchAssembly, StalenessBuffer
 from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.checkpoint import RunState
-from agentrl.data import DataError, TaskStream
+from agentrl.data import TaskStream
 from agentrl.metrics import MetricsSink, print_summary, setup_logging
 from agentrl.rollout.pool import Producer, RolloutPool, score_episodes
-from agentrl.startup import Prepared, prepare, resolve_model, start_workers, stop_workers
+from agentrl.startup import Prepared, input_error, prepare, resolve_model, start_workers, stop_workers
 from agentrl.types import TrainBatch
 
 log = logging.getLogger("agentrl")
@@ -279,20 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         prep = prepare(cfg)
-    except DataError as exc:
-        print(f"data error: {exc}", file=sys.stderr)
-        return 2
-    except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError as exc:  # DataError included
+        return input_error(exc)
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         try:
             summary = runner.run(run(cfg, prep))
         except ConfigError as exc:  # what only the model folder tells (its chat template), before any engine
-            print(f"config error: {exc}", file=sys.stderr)
-            return 2
+            return input_error(exc)
         except _run_errors() as exc:  # a cluster that cannot hold the run, a dead learner rank, a failed fleet
             print(f"run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1

@@ -107,8 +107,8 @@ def main() -> None:
     print(table(["crash point:visit", "outcome", "resumed from", "records after", "run time"], kills,
                 f"\nChaos: {len(kills)} kills of the default job ({args.steps} steps, a checkpoint every "
                 f"{args.checkpoint_every})"))
-    print(f"\n  task positions: {report['cursor']} issued, {report['trained']} trained, "
-          f"{report['dropped']} dropped and counted, {report['pending']} pending at the end")
+    print(f"\n  task positions (one group each): {report['cursor']} issued, {report['trained']} trained, "
+          f"{report['dropped']} dropped and counted, {report['pending']} waiting or in flight at the end")
     print(f"  tasks skipped: {len(report['skipped'])}   tasks duplicated: {len(report['duplicated'])}   "
           f"max trained staleness: {report['max_trained_staleness']} (bound "
           f"{runs['chaos']['config']['buffer']['max_staleness']})")

@@ -22,11 +22,11 @@ import json
 import logging
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from agentrl.data import DataError
+from agentrl.files import atomic_write
 from agentrl.types import Episode, Group, Turn
 
 log = logging.getLogger(__name__)
@@ -114,16 +114,7 @@ def _keep_before(path: Path, start_step: int) -> int:
                 kept.append(line)
             else:
                 dropped += 1
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.writelines(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, b"".join(kept))
     return dropped
 
 
