@@ -116,7 +116,7 @@ class CheckpointStore:
         os.replace(tmp, final)
         _fsync_dir(self.root)
         manifest = self.root / MANIFEST
-        torn = manifest.is_file() and manifest.stat().st_size and not manifest.read_bytes().endswith(b"\n")
+        torn = manifest.is_file() and manifest.stat().st_size and _last_byte(manifest) != b"\n"
         with manifest.open("a") as f:  # a row torn by a kill stays on its own line, ignored
             f.write(("\n" if torn else "") + json.dumps({"step": step, "path": final.name, "time": time.time()}) + "\n")
             f.flush()
@@ -198,13 +198,14 @@ def audit(out_dir: str | Path) -> dict[str, Any]:
     """Account for every task position of a finished (or stopped) run from its metrics records and
     its newest checkpoint: each position below the checkpoint's cursor should appear exactly once,
     as trained, dropped (by reason), or waiting/in flight in that checkpoint."""
+    from agentrl.metrics import read_metrics
+
     out_dir = Path(out_dir)
     latest = CheckpointStore(out_dir).latest()
     if latest is None:
         raise FileNotFoundError(f"{out_dir}: no complete checkpoint to audit against")
     state = load_run_state(latest)
-    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    records = [r for r in records if r["step"] < state.step]
+    records = [r for r in read_metrics(out_dir / "metrics.jsonl") if r["step"] < state.step]
     trained = [p for r in records for p in r.get("tasks/trained", [])]
     dropped = [p for r in records for ids in r.get("tasks/dropped", {}).values() for p in ids]
     pending = [g.group_id for g in state.ready] + list(state.in_flight)
@@ -218,6 +219,12 @@ def audit(out_dir: str | Path) -> dict[str, Any]:
         "duplicated": sorted(p for p, n in seen.items() if n > 1),
         "max_trained_staleness": max((r["trained_staleness_max"] for r in records), default=0),
     }
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
 
 
 def _remove(folder: Path) -> None:

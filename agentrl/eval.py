@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
-from agentrl.startup import Prepared, input_error, prepare, resolve_model, stop_workers
+from agentrl.startup import Prepared, input_error, load_model_format, prepare, stop_workers
 from agentrl.types import Episode
 
 log = logging.getLogger("agentrl")
@@ -117,7 +117,6 @@ async def start_fleet(cfg: Config, model_path: str, eos_id: int):
 
 
 async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
-    from agentrl.chat import ChatFormat, load_tokenizer
     from agentrl.learner.models import frozen_engine
     from agentrl.rollout.episode import EpisodeSpec
     from agentrl.rollout.pool import RolloutPool
@@ -125,12 +124,7 @@ async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
     from rewards.sources import RewardCombiner
 
     t_start = time.perf_counter()
-    model_path = await asyncio.to_thread(resolve_model, cfg)
-    tokenizer = load_tokenizer(model_path)
-    try:
-        fmt = ChatFormat(tokenizer)
-    except ValueError as exc:
-        raise ConfigError(f"model.path: {exc}") from None
+    model_path, _, fmt = await load_model_format(cfg)
     scorer = RewardCombiner(cfg.rewards, engine_factory=frozen_engine)
     fleet = None
     try:
@@ -154,12 +148,10 @@ async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
 
 
 def _write_json(path: str, report: dict[str, Any]) -> None:
+    from agentrl.files import atomic_write
     from agentrl.rollout.records import jsonable
 
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(jsonable(report), f, indent=2, allow_nan=False)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(jsonable(report), indent=2, allow_nan=False))
 
 
 def main(argv: list[str] | None = None) -> int:

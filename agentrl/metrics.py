@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from agentrl.files import atomic_write
+from agentrl.files import atomic_write, restart_jsonl_at
 from agentrl.plot import plot_run
 from agentrl.trackers import flat_scalars, make_trackers
 
@@ -68,16 +68,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def _keep_before(path: Path, start_step: int) -> None:
-    """A fresh run starts an empty file; a resumed one keeps the steps its checkpoint had already taken
-    (those past it are redone, and would otherwise appear twice)."""
-    if start_step <= 0:
-        path.write_text("")
-        return
-    kept = [r for r in read_metrics(path) if isinstance(r.get("step"), int) and r["step"] < start_step]
-    atomic_write(path, "".join(json.dumps(r) + "\n" for r in kept))
-
-
 def _num(record: dict[str, Any], key: str, spec: str) -> str:
     value = record.get(key)
     return format(value, spec) if isinstance(value, (int, float)) else "-"
@@ -96,7 +86,7 @@ class MetricsSink:
         self.path = self.dir / "metrics.jsonl"
         # Trackers first: a missing package fails the run before metrics.jsonl is touched.
         self.trackers = make_trackers(loggers, self.dir, start_step, wandb_project, run_config)
-        _keep_before(self.path, start_step)
+        restart_jsonl_at(self.path, start_step)
         self._file = self.path.open("a")
         self._next_step = start_step
         self._finished = False  # write_summary ran: the trackers close as a finished run, not a failed one

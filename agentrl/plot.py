@@ -8,8 +8,8 @@ s, so s + 1); the eval before RL sits at 0 and the eval after RL at the end of t
 
 from __future__ import annotations
 
+import io
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,8 @@ from typing import Any
 # keeps the figure alive after it is saved (the same as matplotlib.use("Agg") without changing it for
 # the rest of the process).
 from matplotlib.figure import Figure
+
+from agentrl.files import atomic_write
 
 DPI = 110
 PANELS = (("reward_mean", "mean reward (train batch)"), ("success_rate", "success rate (train batch)"),
@@ -99,7 +101,7 @@ def plot_run(records: Sequence[dict[str, Any]], path: str | Path, eval_before: f
             ax.set(xlabel=x_name, ylabel=label, title=f"{label.split(' (')[0]} vs {xlabel.split(' (')[0]}")
             ax.grid(True, alpha=0.3)
     fig.suptitle(title or "agentrl run", fontsize=13)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=DPI)
-    os.replace(tmp, path)  # a reader never sees half a PNG
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI)
+    atomic_write(path, png.getvalue())  # a reader never sees half a PNG
     return path

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any
 from agentrl.config import ConfigError, RewardsConfig, load_config
 from agentrl.data import DataError
 from agentrl.rollout.records import episode_from_record, episode_to_record, read_records
+from agentrl.files import atomic_write
 from agentrl.startup import input_error
 from agentrl.types import TRAINABLE_STATUSES, Episode
 
@@ -150,12 +150,8 @@ def format_summary(path: str, s: dict[str, Any]) -> str:
 
 
 def write_records(path: str, replayed: list[Replayed]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in replayed:
-            record = episode_to_record(r.episode, r.record.get("step"), r.record.get("task"))
-            f.write(json.dumps(record, allow_nan=False, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    rows = (episode_to_record(r.episode, r.record.get("step"), r.record.get("task")) for r in replayed)
+    atomic_write(path, "".join(json.dumps(row, allow_nan=False, ensure_ascii=False) + "\n" for row in rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -83,6 +83,19 @@ def resolve_model(cfg: Config) -> str:
     return resolve_path(cfg.model.path, cfg.model.default)
 
 
+async def load_model_format(cfg: Config):
+    """(model folder, tokenizer, ChatFormat) of the configured model; a named model is prepared on first
+    use. ConfigError when its chat template would not keep the token ledger exact."""
+    from agentrl.chat import ChatFormat, load_tokenizer
+
+    model_path = await asyncio.to_thread(resolve_model, cfg)
+    tokenizer = load_tokenizer(model_path)
+    try:
+        return model_path, tokenizer, ChatFormat(tokenizer)
+    except ValueError as exc:
+        raise ConfigError(f"model.path: {exc}") from None
+
+
 @dataclass
 class Prepared:
     """What start-up reads from the user's files, checked before any engine starts."""

@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.buffer import BatchAssembly, StalenessBuffer
-from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.checkpoint import RunState
 from agentrl.data import TaskStream
 from agentrl.metrics import MetricsSink, print_summary, setup_logging
 from agentrl.rollout.pool import Producer, RolloutPool, score_episodes
-from agentrl.startup import Prepared, input_error, prepare, resolve_model, start_workers, stop_workers
+from agentrl.startup import Prepared, input_error, load_model_format, prepare, start_workers, stop_workers
 from agentrl.types import TrainBatch
 
 log = logging.getLogger("agentrl")
@@ -210,12 +209,7 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     from rewards.sources import RewardCombiner
 
     t_start = time.perf_counter()
-    model_path = await asyncio.to_thread(resolve_model, cfg)
-    tokenizer = load_tokenizer(model_path)
-    try:
-        fmt = ChatFormat(tokenizer)  # checks the chat template keeps the token ledger exact
-    except ValueError as exc:
-        raise ConfigError(f"model.path: {exc}") from None
+    model_path, tokenizer, fmt = await load_model_format(cfg)
     log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(prep.train_tasks),
              len(prep.eval_tasks))
     scorer = RewardCombiner(cfg.rewards, engine_factory=frozen_engine)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.data import DataError
-from agentrl.files import atomic_write
+from agentrl.files import restart_jsonl_at
 from agentrl.types import Episode, Group, Turn
 
 log = logging.getLogger(__name__)
@@ -100,24 +100,6 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
-def _keep_before(path: Path, start_step: int) -> int:
-    """Rewrite `path` atomically with only its rows of steps < start_step; returns the rows dropped."""
-    kept: list[bytes] = []
-    dropped = 0
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                step = json.loads(line)["step"] if line.endswith(b"\n") else None  # no newline: torn
-            except (ValueError, KeyError, TypeError):
-                step = None
-            if isinstance(step, int) and step < start_step:
-                kept.append(line)
-            else:
-                dropped += 1
-    atomic_write(path, b"".join(kept))
-    return dropped
-
-
 class RolloutWriter:
     """Appends one record per trained episode to a JSON-lines file, one flush per step."""
 
@@ -126,12 +108,9 @@ class RolloutWriter:
         the rows of earlier steps and drops later ones and a torn last line."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if start_step > 0 and self.path.exists():
-            dropped = _keep_before(self.path, start_step)
-            if dropped:
-                log.info("%s: dropped %d rows of steps >= %d (or torn)", self.path, dropped, start_step)
-        elif start_step <= 0:
-            self.path.write_bytes(b"")
+        dropped = restart_jsonl_at(self.path, start_step)
+        if dropped:
+            log.info("%s: dropped %d rows of steps >= %d (or torn)", self.path, dropped, start_step)
         self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, step: int, groups: list[Group]) -> None:
