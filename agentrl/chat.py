@@ -107,6 +107,11 @@ class ChatFormat:
         if self._renders(PROBE_WITH_TOOLS, PROBE_TOOLS):
             self.check_append_only(PROBE_WITH_TOOLS, tools=PROBE_TOOLS)
 
+    @property
+    def after_eos(self) -> str:
+        """What the template writes after an assistant turn's EOS (ChatML: "\n")."""
+        return self._after_eos
+
     def _renders(self, messages: list[Message], tools: list) -> bool:
         """False for templates that reject system or tool messages (Gemma, Mistral v0.1): they can
         still run envs without tools, and an env with tools fails its episodes with the template's error."""

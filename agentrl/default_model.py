@@ -4,7 +4,8 @@ Steps (each cached in a folder keyed by a hash of its settings):
 1. train a byte-level BPE tokenizer with a Qwen-style chat template on the warm-start task's text
    (`model.default.task`: guess_number, the default, or calculator, whose demonstrations hold tool calls);
 2. build a tiny Qwen2-architecture causal LM (head_dim 64, which vLLM's CPU attention supports);
-3. warm-start it with a short supervised step on imperfect demonstrations (`agentrl.learner.sft`).
+3. warm-start it with a short supervised stage on imperfect demonstrations (`agentrl.learner.stage`,
+   the loop of `python -m agentrl.sft`).
 The result is a normal Hugging Face folder that vLLM, DeepSpeed and `from_pretrained` all load.
 A user's own model path replaces all of this.
 """
@@ -16,12 +17,15 @@ import importlib
 import json
 import logging
 import os
+import math
 import random
+import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from agentrl.chat import ChatFormat, Message, ledger_from_messages
 from agentrl.config import DefaultModelConfig
+from agentrl.config.stages import StageConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +55,16 @@ def cache_root() -> Path:
 _LATER_DEFAULTS = {"task": "guess_number", "split_digits": False}
 
 
+# The warm start's training loop is part of the key: models warm-started by an earlier loop (a plain torch
+# loop with a one-cycle schedule, before the stage loop) are not reused.
+WARM_START_LOOP = "stage-v1"
+
+
 def _key(cfg: DefaultModelConfig) -> str:
     settings = cfg.model_dump(exclude={"cache_dir"})
-    blob = json.dumps({k: v for k, v in settings.items() if _LATER_DEFAULTS.get(k, object()) != v}, sort_keys=True)
+    settings = {k: v for k, v in settings.items() if _LATER_DEFAULTS.get(k, object()) != v}
+    settings["warm_start_loop"] = WARM_START_LOOP
+    blob = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -108,20 +119,51 @@ def build_model(cfg: DefaultModelConfig, tokenizer, out: Path):
     return model
 
 
-def warm_start(model, tokenizer, cfg: DefaultModelConfig) -> float:
-    """Supervised warm start on `cfg.sft_demos` imperfect demonstrations of `cfg.task`; the final loss.
-    One rng draws the demonstrations and then the batches, so one seed fixes the whole model."""
-    from agentrl.learner.sft import SFTSettings
-    from agentrl.learner.sft import warm_start as sft
+def demonstration_samples(cfg: DefaultModelConfig, fmt: ChatFormat) -> list:
+    """`cfg.sft_demos` imperfect demonstrations of `cfg.task` as token samples, tokenised as rollouts are."""
+    from agentrl.data.samples import Sample
 
-    if cfg.sft_steps == 0:  # an untrained model
-        return float("nan")
     make_tasks, demonstration = demo_source(cfg.task)
     rng = random.Random(cfg.seed)
-    fmt = ChatFormat(tokenizer)
-    examples = [ledger_from_messages(fmt, demonstration(t, rng, cfg.demo_optimal_prob))
-                for t in make_tasks(cfg.sft_demos, cfg.seed, "demo")]
-    return sft(model, examples, tokenizer.pad_token_id, SFTSettings(cfg.sft_steps, cfg.sft_batch_size, cfg.sft_lr), rng)
+    samples = []
+    for i, task in enumerate(make_tasks(cfg.sft_demos, cfg.seed, "demo")):
+        tokens, mask = ledger_from_messages(fmt, demonstration(task, rng, cfg.demo_optimal_prob))
+        samples.append(Sample(tokens, mask, f"demonstration {i}"))
+    return samples
+
+
+def warm_start_config(cfg: DefaultModelConfig, out: Path) -> StageConfig:
+    """The SFT stage of the warm start: `sft_steps` steps of `sft_batch_size` demonstrations, 10 % linear
+    warmup to `sft_lr`, then cosine decay to 0."""
+    epochs = max(1, math.ceil(cfg.sft_steps * cfg.sft_batch_size / cfg.sft_demos))
+    return StageConfig.model_validate({
+        "optim": {"lr": cfg.sft_lr, "warmup_steps": cfg.sft_steps // 10, "scheduler": "cosine", "min_lr_ratio": 0.0,
+                  "batch_size": cfg.sft_batch_size, "micro_batch_size": cfg.sft_batch_size, "epochs": epochs,
+                  "max_steps": cfg.sft_steps},
+        "data": {"eval_fraction": 0.0},
+        "train": {"out_dir": str(out), "seed": cfg.seed},
+    })
+
+
+def warm_start(init: Path, out: Path, tokenizer, cfg: DefaultModelConfig) -> None:
+    """Supervised warm start of the model in `init` on the demonstrations, through the SFT stage
+    (`agentrl.learner.stage`, the loop `python -m agentrl.sft` runs); saved to `out`.
+
+    Torch threads are capped at the usable cores meanwhile: more OpenMP threads than cores spin
+    against each other and slowed this step 25x under contention."""
+    import torch
+
+    from agentrl.learner.dist import usable_cores
+    from agentrl.learner.stage import run_stage
+    from agentrl.learner.stages import SFTKind
+
+    samples = demonstration_samples(cfg, ChatFormat(tokenizer))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(threads, usable_cores())))
+    try:
+        run_stage(SFTKind(tokenizer.pad_token_id), warm_start_config(cfg, out), str(init), samples, [], tokenizer)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def ensure_default_model(cfg: DefaultModelConfig) -> Path:
@@ -135,8 +177,14 @@ def ensure_default_model(cfg: DefaultModelConfig) -> Path:
     log.info("building the embedded default model in %s", out)
     tokenizer = build_tokenizer(cfg, out)
     model = build_model(cfg, tokenizer, out)
-    warm_start(model, tokenizer, cfg)
-    model.save_pretrained(out, safe_serialization=True)
+    if cfg.sft_steps == 0:  # an untrained model
+        model.save_pretrained(out, safe_serialization=True)
+    else:
+        init = out / "init"
+        model.save_pretrained(init, safe_serialization=True)
+        tokenizer.save_pretrained(init)
+        warm_start(init, out, tokenizer, cfg)
+        shutil.rmtree(init)
     tokenizer.save_pretrained(out)
     (out / "DONE").write_text("ok\n")
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,11 @@ def _num(record: dict[str, Any], key: str, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
+def _rl_postfix(record: dict[str, Any]) -> dict[str, str]:
+    return {"reward": _num(record, "reward_mean", ".3f"), "succ": _num(record, "success_rate", ".2f"),
+            "tok_s": _num(record, "rollout_tokens_per_s", ".0f"), "stale": str(record.get("staleness_max", 0))}
+
+
 class MetricsSink:
     """Appends records to `<out_dir>/metrics.jsonl`, forwards their scalars to the extra sinks of
     `train.loggers` (agentrl.trackers), shows a progress bar over the steps, and at the end writes the
@@ -80,7 +85,8 @@ class MetricsSink:
 
     def __init__(self, out_dir: str | Path, total_steps: int, show: bool = True,
                  loggers: Iterable[str] = ("jsonl",), start_step: int = 0, wandb_project: str = "agentrl",
-                 run_config: dict[str, Any] | None = None) -> None:
+                 run_config: dict[str, Any] | None = None, desc: str = "RL steps",
+                 postfix: Callable[[dict[str, Any]], dict[str, str]] | None = None) -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
@@ -91,8 +97,8 @@ class MetricsSink:
         self._next_step = start_step
         self._finished = False  # write_summary ran: the trackers close as a finished run, not a failed one
         self._closed = False
-        self.bar = tqdm(total=total_steps, initial=start_step, desc="RL steps", dynamic_ncols=True,
-                        disable=not show)
+        self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, dynamic_ncols=True, disable=not show)
+        self._postfix = postfix or _rl_postfix
 
     def log(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(_clean(record)) + "\n")
@@ -103,8 +109,7 @@ class MetricsSink:
         for tracker in self.trackers:
             tracker.log(scalars, step)
         self.bar.update(1)
-        self.bar.set_postfix(reward=_num(record, "reward_mean", ".3f"), succ=_num(record, "success_rate", ".2f"),
-                             tok_s=_num(record, "rollout_tokens_per_s", ".0f"), stale=record.get("staleness_max", 0))
+        self.bar.set_postfix(self._postfix(record))
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Writes curves.png (from every record in metrics.jsonl, also those before a resume; its path goes

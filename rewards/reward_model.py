@@ -99,10 +99,13 @@ class RewardModelScorer:
         """`engine_factory(model, micro_batch_size, offload) -> engine` wraps the frozen model in an eval-only
         engine when `config.deepspeed` (the learner's `frozen_engine`; passed in, so rewards/ never
         imports the learner)."""
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
+
+        from agentrl.chat import load_tokenizer
 
         self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(config.path, local_files_only=True)
+        # As rollouts and the reward-model stage load it: a score is read at the token it was trained on.
+        self.tokenizer = load_tokenizer(config.path)
         dtype = torch.bfloat16 if config.dtype == "bfloat16" else torch.float32
         model = AutoModelForSequenceClassification.from_pretrained(config.path, local_files_only=True, dtype=dtype)
         head = getattr(model, "score", None)

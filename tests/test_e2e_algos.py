@@ -24,19 +24,25 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def reward_model(model_dir, tmp_path_factory) -> str:
-    from agentrl.learner.reward_training import RewardTrainingConfig, train_reward_model
+    from agentrl.config import load_config
+    from agentrl.config.stages import StageConfig
+    from agentrl.stage_cli import run
     from envs.guess_number import preference_pairs
 
-    out = tmp_path_factory.mktemp("rm") / "rm"
+    root = tmp_path_factory.mktemp("rm")
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"chosen": c, "rejected": r}) + "\n" for c, r in preference_pairs(400, seed=0)))
+    cfg = load_config(None, [f"model.path={model_dir}", f"data.paths=[{pairs}]", "data.eval_fraction=0.2",
+                             f"train.out_dir={root / 'rm'}", "optim.lr=2e-3", "optim.max_steps=60", "optim.epochs=10",
+                             "optim.batch_size=32", "optim.micro_batch_size=32", "optim.warmup_steps=10"], StageConfig)
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        metrics = train_reward_model(model_dir, preference_pairs(400, seed=0), out,
-                                     RewardTrainingConfig(lr=2e-3, steps=60, batch_size=32, eval_frac=0.2))
+        summary = run("rm", cfg, show=False)
     finally:
         torch.set_num_threads(old)
-    assert metrics["eval_accuracy"] > 0.6, metrics  # it has learned something about the task
-    return str(out)
+    assert summary["evals"][-1]["eval/accuracy"] > 0.6, summary["evals"]  # it has learned something about the task
+    return str(root / "rm")
 
 
 def test_ppo_with_actor_critic_reference_and_reward_model(tmp_path, model_dir, reward_model):

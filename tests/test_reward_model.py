@@ -87,22 +87,27 @@ def _train(config, tokenizer, steps: int = 600, pairs_per_step: int = 32, lr: fl
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_tokenizer, tmp_path_factory: pytest.TempPathFactory):
+def trained(tmp_path_factory: pytest.TempPathFactory):
     """(folder of the trained reward model, held-out questions, the folder's tokenizer).
 
-    Training uses the tokenizer exactly as AutoTokenizer loads it back from the model folder (the
-    scorer's tokenizer): transformers 5 rebuilds a qwen2 folder's tokenizer as Qwen2Tokenizer, whose
-    pre-tokenizer splits digits, unlike the in-memory tokenizer `build_tokenizer` returns.
+    Training uses the tokenizer as `agentrl.chat.load_tokenizer` loads it back from the model folder,
+    which is how the scorer (and every rollout) loads it. It splits digits (`split_digits`), which
+    sums need.
     """
-    from transformers import AutoTokenizer, Qwen2Config
+    from transformers import Qwen2Config
+
+    from agentrl.chat import load_tokenizer
+    from agentrl.config import DefaultModelConfig
+    from agentrl.default_model import build_tokenizer
 
     out = tmp_path_factory.mktemp("reward_model")
+    tiny_tokenizer = build_tokenizer(DefaultModelConfig(split_digits=True), tmp_path_factory.mktemp("rm-tokenizer"))
     config = Qwen2Config(vocab_size=len(tiny_tokenizer), hidden_size=64, intermediate_size=512, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=256,
                          initializer_range=0.05, pad_token_id=tiny_tokenizer.pad_token_id, num_labels=1)
     config.save_pretrained(out)
     tiny_tokenizer.save_pretrained(out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer = load_tokenizer(out)
     with _torch_threads(1):
         model, held_out = _train(config, tokenizer)
     model.save_pretrained(out)

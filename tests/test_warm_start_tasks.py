@@ -26,7 +26,9 @@ from rewards.servers.tools import make_app
 
 
 def test_default_cache_key_is_unchanged_by_the_new_settings():
-    assert _key(DefaultModelConfig()) == "78c592adc323"  # the key before `task` / `split_digits` existed
+    # The key since the warm start moved onto the stage loop (before: 78c592adc323), unchanged by the
+    # settings added later at their defaults.
+    assert _key(DefaultModelConfig()) == "f04eb3ffecc5"
     keys = {_key(DefaultModelConfig(task="calculator")), _key(DefaultModelConfig(split_digits=True)),
             _key(DefaultModelConfig(task="calculator", split_digits=True)), _key(DefaultModelConfig())}
     assert len(keys) == 4
@@ -119,24 +121,34 @@ def test_example_config_uses_the_demo_task_ranges(task_kwargs):
     assert CalculatorEnv.make_tasks(4, 0, "eval", **cfg.data.task_kwargs)[0]["a"] <= 99
 
 
-def test_warm_start_caps_torch_threads_at_the_usable_cores_and_restores_them(monkeypatch):
+def test_warm_start_caps_torch_threads_at_the_usable_cores_and_restores_them(monkeypatch, tmp_path):
     import os
 
     import torch
 
-    import random
+    import agentrl.default_model as dm
+    import agentrl.learner.dist as dist
+    import agentrl.learner.stage as stage
+    from agentrl.config import DefaultModelConfig
 
-    import agentrl.learner.sft as sft
-    from agentrl.learner.dist import usable_cores
+    assert 1 <= dist.usable_cores() <= (os.cpu_count() or 1)
+    seen = {}
 
-    assert 1 <= usable_cores() <= (os.cpu_count() or 1)
-    monkeypatch.setattr(sft, "_train", lambda *args: float(torch.get_num_threads()))
-    monkeypatch.setattr(sft, "usable_cores", lambda: 1)
+    def fake_run_stage(kind, cfg, model_path, train, held_out, tokenizer, *rest, **kw):
+        seen.update(threads=torch.get_num_threads(), cfg=cfg, n=len(train), kind=kind.name)
+
+    monkeypatch.setattr(stage, "run_stage", fake_run_stage)
+    monkeypatch.setattr(dist, "usable_cores", lambda: 1)
+    cfg = DefaultModelConfig(sft_demos=32, sft_steps=10, sft_batch_size=8)
+    tokenizer = dm.build_tokenizer(cfg, tmp_path / "tok")
     old = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        settings = sft.SFTSettings(steps=1, batch_size=1, lr=1e-3)
-        assert sft.warm_start(None, [], 0, settings, random.Random(0)) == 1.0  # trained with 1 thread
-        assert torch.get_num_threads() == 3
+        dm.warm_start(tmp_path / "init", tmp_path / "out", tokenizer, cfg)
+        assert seen["threads"] == 1 and torch.get_num_threads() == 3  # trained with 1 thread, then restored
     finally:
         torch.set_num_threads(old)
+    # One loop, one schedule: the SFT stage with 10 % warmup and cosine decay, as `python -m agentrl.sft`.
+    optim = seen["cfg"].optim
+    assert (seen["kind"], seen["n"], optim.max_steps, optim.warmup_steps, optim.scheduler) == ("sft", 32, 10, 1, "cosine")
+    assert optim.epochs * 32 >= 10 * 8 and optim.lr == cfg.sft_lr and optim.min_lr_ratio == 0.0

@@ -1,10 +1,11 @@
 """Pure RL math over tensors (imports only torch): advantage estimators, policy losses, corrections,
-reward shaping and KL control.
+reward shaping, KL control, and the preference (DPO, IPO, KTO) and reward-model losses.
 
 Call sites pick an entry from a registry by its config name and call it with one typed input:
     ADVANTAGES[name](AdvantageInputs(...)) -> AdvantageOutput
     POLICY_LOSSES[name](PolicyLossInputs(...), PolicyLossConfig(...)) -> (loss, metrics)
     make_kl_controller(kind, kl_coef, target, horizon) -> KLController
+    PREFERENCE_LOSSES[name](policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=...) -> PreferenceLoss
 """
 
 from .advantages import ADVANTAGES, AdvantageInputs, AdvantageOutput, register_advantage
@@ -17,6 +18,16 @@ from .losses import (
     kl_estimate,
     register_policy_loss,
     value_loss,
+)
+from .preference import (
+    PREFERENCE_LOSSES,
+    PreferenceLoss,
+    bradley_terry,
+    dpo,
+    ipo,
+    kto,
+    prm_step_scores,
+    prm_token_loss,
 )
 from .shaping import (
     KL_CONTROLLER_KINDS,
@@ -34,6 +45,7 @@ __all__ = [
     "ADVANTAGES",
     "KL_CONTROLLER_KINDS",
     "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
     "AdaptiveKLController",
     "AdvantageInputs",
     "AdvantageOutput",
@@ -42,16 +54,23 @@ __all__ = [
     "KLController",
     "PolicyLossConfig",
     "PolicyLossInputs",
+    "PreferenceLoss",
     "RunningMoments",
     "aggregate",
+    "bradley_terry",
     "clip_rewards",
     "correction_metrics",
+    "dpo",
     "importance_weights",
     "informative_groups",
+    "ipo",
     "kl_estimate",
     "kl_penalized_token_rewards",
+    "kto",
     "make_kl_controller",
     "masked_mean",
+    "prm_step_scores",
+    "prm_token_loss",
     "register_advantage",
     "register_policy_loss",
     "value_loss",

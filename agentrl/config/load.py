@@ -49,14 +49,14 @@ def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-def _unknown_key(key: str, model: type[BaseModel], prefix: str) -> ConfigError:
+def _unknown_key(key: str, model: type[BaseModel], prefix: str, root: type[BaseModel]) -> ConfigError:
     # Compare with this section's names first (a shared prefix would make any nested key look close),
     # then with every dotted key by its last component (a key put in the wrong section).
     guess = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
     if guess:
         hint = f"; did you mean '{prefix + guess[0]}'?"
     else:
-        by_leaf = {k.rsplit(".", 1)[-1]: k for k in _all_keys(Config)}
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in _all_keys(root)}
         leaf = difflib.get_close_matches(key, list(by_leaf), n=1, cutoff=0.8)
         hint = f"; did you mean '{by_leaf[leaf[0]]}'?" if leaf else f"; valid keys here: {sorted(model.model_fields)}"
     return ConfigError(f"unknown config key '{prefix + key}'{hint}")
@@ -80,23 +80,25 @@ def _check_sources(entries: Any, prefix: str) -> None:
             if owners:
                 raise ConfigError(f"config key '{prefix}{i}.{key}' is a setting of reward sources of type "
                                   f"{' / '.join(owners)}, not of type {kind}")
-        _check_keys(entry, SOURCE_TYPES[kind], f"{prefix}{i}.")
+        _check_keys(entry, SOURCE_TYPES[kind], f"{prefix}{i}.", Config)
 
 
-def _check_keys(data: Any, model: type[BaseModel], prefix: str = "") -> None:
-    """Reject unknown keys with the nearest valid one, before pydantic sees them."""
+def _check_keys(data: Any, model: type[BaseModel], prefix: str = "", root: type[BaseModel] | None = None) -> None:
+    """Reject unknown keys with the nearest valid one, before pydantic sees them. `root` is the whole
+    tree, searched for a key put in the wrong section."""
+    root = root or model
     if not isinstance(data, dict):
         return
     for key, value in data.items():
         field = model.model_fields.get(str(key))
         if field is None:
-            raise _unknown_key(str(key), model, prefix)
+            raise _unknown_key(str(key), model, prefix, root)
         dotted = prefix + str(key)
         nested = _nested_model(field.annotation)
         if nested is not None:
             if value is None and field.default is not None:  # a YAML section whose keys are all commented out
                 data[key] = value = {}
-            _check_keys(value, nested, dotted + ".")
+            _check_keys(value, nested, dotted + ".", root)
         if _is_source_list(model, str(key)):
             _check_sources(value, dotted + ".")
 
@@ -133,10 +135,11 @@ def _problem(err: dict) -> str:
     return msg if loc == "config" else f"{loc}: {msg}"
 
 
-def build_config(data: dict[str, Any]) -> Config:
-    _check_keys(data, Config)
+def build_config(data: dict[str, Any], schema: type[BaseModel] = Config) -> Any:
+    """`data` checked against `schema` (the RL tree by default; `agentrl.config.stages.StageConfig`)."""
+    _check_keys(data, schema)
     try:
-        return Config.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         raise ConfigError("invalid config: " + "; ".join(_problem(err) for err in exc.errors())) from None
 
@@ -147,7 +150,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return where + str(getattr(exc, "problem", None) or exc).replace("\n", " ")
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | Path | None, overrides: list[str] = (), schema: type[BaseModel] = Config) -> Any:
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -162,4 +165,4 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(f"{path}: the top level must be a mapping")
     for override in overrides:
         apply_override(data, override)
-    return build_config(data)
+    return build_config(data, schema)

@@ -28,7 +28,7 @@ class DefaultModelConfig(_Base):
     sft_demos: int = Field(4000, ge=16, le=1_000_000, description="demonstration episodes for the warm start")
     sft_steps: int = Field(300, ge=0, le=100_000, description="supervised optimizer steps")
     sft_batch_size: int = Field(64, ge=1, le=4096, description="demonstrations per SFT step")
-    sft_lr: float = Field(2e-3, gt=0, le=1.0, description="peak SFT learning rate (one-cycle schedule)")
+    sft_lr: float = Field(2e-3, gt=0, le=1.0, description="peak SFT learning rate (10 % warmup, then cosine decay to 0)")
     task: Literal["guess_number", "calculator"] = Field(
         "guess_number", description="whose demonstrations train the tokenizer and the warm start: "
                                     "envs.<task>.demo_tasks / demonstration")

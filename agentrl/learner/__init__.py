@@ -1,3 +1,2 @@
-"""The learner: process groups (`dist`), DeepSpeed engines, the critic's value model and the EMA
-(`models`), LoRA (`lora`), the RL step (`rl`), weight pushes to the engines (`weight_sync`), and the
-supervised stages that make starting checkpoints (`sft`, `reward_training`)."""
+"""The DeepSpeed side: the RL learner (`rl`), its models, LoRA and weight pushes, and the one loop of the
+stages before RL (`stage`, with the stage kinds in `stages`: SFT, reward model, PRM, DPO, KTO)."""

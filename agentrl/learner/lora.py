@@ -37,10 +37,12 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float =
         raise ValueError(f"LoRA rank must be >= 1, got {rank}")
     is_causal_lm = hasattr(model, "prepare_inputs_for_generation") and model.get_output_embeddings() is not None
     has_value_head = isinstance(getattr(model, "value_head", None), torch.nn.Module)
+    # A sequence classifier (the reward model): peft's SEQ_CLS trains its `score` head in full.
+    is_classifier = not is_causal_lm and isinstance(getattr(model, "score", None), torch.nn.Linear)
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
     config = LoraConfig(
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none",
-        task_type=TaskType.CAUSAL_LM if is_causal_lm else None,
+        task_type=TaskType.CAUSAL_LM if is_causal_lm else TaskType.SEQ_CLS if is_classifier else None,
         modules_to_save=["value_head"] if has_value_head else None,
         exclude_modules=["value_head"] if has_value_head else None,
     )

@@ -101,15 +101,15 @@ def load_causal_lm(path: str, opt: OptimConfig) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return _prepare_trainable(model, opt, task_type="CAUSAL_LM")
+    return prepare_trainable(model, opt, task_type="CAUSAL_LM")
 
 
 def load_value_model(path: str, opt: OptimConfig) -> torch.nn.Module:
     """The critic: a causal-LM or reward-model body with a scalar value head (`ValueModel`)."""
-    return _prepare_trainable(ValueModel.from_pretrained(path), opt, task_type=None)
+    return prepare_trainable(ValueModel.from_pretrained(path), opt, task_type=None)
 
 
-def _prepare_trainable(model: torch.nn.Module, opt: OptimConfig, task_type: str | None) -> torch.nn.Module:
+def prepare_trainable(model: torch.nn.Module, opt: OptimConfig, task_type: str | None = None) -> torch.nn.Module:
     if opt.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if getattr(model, "config", None) is not None:

@@ -12,14 +12,11 @@ import random
 from pathlib import Path
 from typing import Any, Iterator
 
-from agentrl.config import ConfigError, DataConfig
+from agentrl.config import DataConfig
+from agentrl.data.errors import DataError
 from agentrl.env import Env
 
 Task = dict[str, Any]
-
-
-class DataError(ConfigError):
-    """A task or text file that cannot be used; the message names the config key, file and line."""
 
 
 def _row(value: Any, where: str) -> Task:

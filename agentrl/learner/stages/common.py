@@ -1,0 +1,54 @@
+"""What the stage kinds share: padding token rows into tensors, per-sequence log-probabilities of the
+trained tokens, and writing the trained module as a Hugging Face folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from agentrl.algo.logprobs import token_logprobs
+
+
+def pad_rows(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T) long, right-padded."""
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), T), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        attn[i, :len(row)] = 1
+    return ids, attn
+
+
+def pad_masks(masks: list[list[int]], T: int) -> torch.Tensor:
+    out = torch.zeros((len(masks), T), dtype=torch.float32)
+    for i, m in enumerate(masks):
+        out[i, :len(m)] = torch.tensor(m, dtype=torch.float32)
+    return out
+
+
+def sequence_logprobs(engine, rows: list[list[int]], masks: list[list[int]], pad_id: int) -> torch.Tensor:
+    """(B,) sum over each row's masked tokens of log p(token | tokens before it), at temperature 1:
+    the sequence log-probability DPO and KTO compare between the policy and the reference."""
+    ids, attn = pad_rows(rows, pad_id)
+    device = engine.device
+    ids, attn = ids.to(device), attn.to(device)
+    logits = engine(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
+    logp_BT = token_logprobs(logits, ids, 1.0)
+    return (logp_BT * pad_masks(masks, ids.shape[1]).to(device)).sum(-1)
+
+
+def save_module(module: torch.nn.Module, out_dir: Path, tokenizer, zero3: bool) -> None:
+    """`module.save_pretrained` in float32 with the tokenizer: a full model, or for a peft model its
+    adapter (merged into a full model by `python -m agentrl.lora_merge`). Under ZeRO-3 the weights are
+    gathered first, a collective every rank joins; rank 0 writes."""
+    import deepspeed
+    import torch.distributed as dist
+
+    with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=zero3):
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        state = {k: v.detach().to("cpu", torch.float32) for k, v in module.state_dict().items()}
+        module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
