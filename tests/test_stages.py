@@ -140,3 +140,17 @@ def test_every_stage_runs_under_zero3_and_lora(stage, variant, tiny_model, datas
         before, after = load_file(f"{tiny_model}/model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
         key = "model.layers.0.self_attn.q_proj.weight"
         assert after[key].shape == before[key].shape and not torch.equal(after[key], before[key])
+
+
+def test_sft_runs_with_bf16_gradient_checkpointing_and_optimizer_offload(tiny_model, datasets, tmp_path):
+    from agentrl.stage_cli import run
+
+    summary = run("sft", _config("sft", tiny_model, datasets["sft"], tmp_path, "optim.dtype=bfloat16",
+                                 "optim.gradient_checkpointing=true", "optim.zero_stage=2",
+                                 "optim.offload_optimizer=true", "optim.warmup_steps=1", "optim.max_steps=3"),
+                  show=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # One warmup step, then cosine from the peak to min_lr_ratio (0.1) at the end: 1, 1, 0.1 + 0.9 * 0.5
+    assert [r["lr"] for r in records] == pytest.approx([1e-3, 1e-3, 0.55e-3])
+    assert summary["evals"][-1]["eval/loss"] < summary["evals"][0]["eval/loss"] + 0.5
+    assert all(math.isfinite(r["train/loss"]) for r in records)

@@ -138,11 +138,17 @@ def _reduce(loss: float, units: float, sums: dict[str, float], count: int, prefi
 
 @torch.no_grad()
 def evaluate(kind: StageKind, engine, samples: list, micro_batch_size: int) -> dict[str, float]:
-    """Mean loss per unit and mean metrics over this rank's share of `samples`, reduced over ranks."""
+    """Mean loss per unit and mean metrics over this rank's share of `samples`, reduced over ranks.
+    Ranks run the same number of forward passes (ZeRO-3 gathers are collective): one with fewer
+    micro-batches repeats its first and discards the result."""
     rank, world = _dist()
     mine = samples[rank::world]
+    micros = kind.micro_batches(mine, micro_batch_size)
+    passes = int(_all_reduce([float(len(micros))], "max")[0])
     engine.eval()
-    loss, sums, count = _forward_all(kind, engine, kind.micro_batches(mine, micro_batch_size))
+    loss, sums, count = _forward_all(kind, engine, micros)
+    for _ in range(passes - len(micros)):
+        kind.loss(engine, micros[0] if micros else kind.micro_batches(samples[:1], 1)[0])
     engine.train()
     return _reduce(loss, sum(kind.units(s) for s in mine), sums, count, "eval/")
 
@@ -199,8 +205,9 @@ def run_stage(kind: StageKind, cfg: StageConfig, model_path: str, train: list, h
                 loss, count = loss + float(out.loss_sum.detach()), count + out.count
                 for key, value in out.sums.items():
                     sums[key] = sums.get(key, 0.0) + value
+        lr = engine.get_lr()[0]  # the rate this step applies (the schedule advances in step())
         engine.step()
-        record = {"step": step, "lr": engine.get_lr()[0], "samples": len(batch), "units": units,
+        record = {"step": step, "lr": lr, "samples": len(batch), "units": units,
                   **{f"train/{k}": v for k, v in _reduce(loss, units, sums, count, "").items()},
                   "step_s": time.perf_counter() - t0, "elapsed_s": time.perf_counter() - started}
         if cfg.train.eval_every and held_out and (step + 1) % cfg.train.eval_every == 0 and step + 1 < steps:
