@@ -1,5 +1,5 @@
 """Several reward sources per run, combined with weights: the env's own reward, rule functions, HTTP
-verifiers and reward-model scorers.
+verifiers, reward-model scorers and process reward models.
 
     episode.reward = sum_i weight_i * value_i
 
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import EnvSource, HttpSource, RewardModelSource, RewardsConfig, RewardSourceConfig, RuleSource
+from agentrl.config.sources import PRMSource
 from agentrl.types import Episode
 from rewards.base import RewardFn, RewardResult
 from rewards.reward_model import EngineFactory
@@ -45,12 +46,14 @@ def import_rule(path: str, key: str) -> Any:
 
 
 def check_sources(cfg: RewardsConfig) -> None:
-    """What can be checked without building a source: rule imports and reward-model folders."""
+    """What can be checked without building a source: rule imports and reward-model and PRM folders."""
     for i, entry in enumerate(cfg.sources):
         if isinstance(entry, RuleSource):
             import_rule(entry.rule, f"rewards.sources.{i}.rule")
         if isinstance(entry, RewardModelSource) and not Path(entry.reward_model.path).is_dir():
             raise ValueError(f"rewards.sources.{i}.reward_model.path={entry.reward_model.path!r}: no such folder")
+        if isinstance(entry, PRMSource) and not Path(entry.prm.path).is_dir():
+            raise ValueError(f"rewards.sources.{i}.prm.path={entry.prm.path!r}: no such folder")
 
 
 def build_source(cfg: RewardSourceConfig, key: str = "rule", engine_factory: EngineFactory | None = None) -> RewardFn:
@@ -66,6 +69,10 @@ def build_source(cfg: RewardSourceConfig, key: str = "rule", engine_factory: Eng
         from rewards.http_verifier import HttpVerifier
 
         return HttpVerifier(cfg.http)
+    if isinstance(cfg, PRMSource):
+        from rewards.prm import PRMScorer
+
+        return PRMScorer(cfg.prm)
     from rewards.reward_model import RewardModelScorer
 
     return RewardModelScorer(cfg.reward_model, engine_factory)

@@ -120,7 +120,7 @@ def test_each_source_type_has_its_own_typed_settings():
             "'rewards.sources.0.reward_model.max_batch_size'?",
         "{name: r, type: rule, rule: 'a:b', http: {url: 'http://x/v'}}":  # a setting of another type
             "config key 'rewards.sources.0.http' is a setting of reward sources of type http, not of type rule",
-        "{name: r, type: rul}": "rewards.sources.0.type='rul' is not one of ['env', 'http', 'reward_model', 'rule']; "
+        "{name: r, type: rul}": "rewards.sources.0.type='rul' is not one of ['env', 'http', 'prm', 'reward_model', 'rule']; "
                                 "did you mean 'rule'?",
         "{name: h, type: http, http: {url: 'ftp://x'}}":
             "invalid config: rewards.sources.0.http.url: url must start with http:// or https://, got 'ftp://x'",

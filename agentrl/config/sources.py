@@ -1,4 +1,4 @@
-"""Reward sources: a typed union on `type` (env | rule | http | reward_model), each with its own settings.
+"""Reward sources: a typed union on `type` (env | rule | http | reward_model | prm), each with its own settings.
 
 The settings of remote endpoints (`EndpointConfig`, shared by verifiers and tool servers) and of
 reward models live here rather than next to their clients, so a wrong key such as
@@ -78,6 +78,23 @@ class RewardModelConfig(_Strict):
     shift: float = Field(0.0, allow_inf_nan=False, description="reward = scale * score + shift")
 
 
+class PRMScorerConfig(_Strict):
+    """One process reward model (a causal LM trained by `python -m agentrl.prm`) and how its step scores
+    become an episode's reward. The reward tokens must be the ones it was trained with (`prm.reward_tokens`)."""
+
+    path: str = Field(description="local Hugging Face folder of a causal LM saved by the prm stage")
+    aggregate: Literal["min", "last", "mean"] = Field(
+        "min", description="episode reward from the step scores: min (one bad step spoils the episode), "
+                           "last (the final step's score) or mean")
+    reward_tokens: list[str] = Field(default_factory=lambda: ["+", "-"], min_length=2, max_length=64,
+                                     description="label tokens as trained, the good label first; a step's score "
+                                                 "is the softmax over their logits, at the good one")
+    max_length: int = Field(2048, ge=8, le=1_048_576,
+                            description="tokens per episode at most (the prm stage's data.max_len default); a "
+                                        "longer episode is an error result, never cut: every step reads its context")
+    device: str = Field("cpu", description="torch device of the model, e.g. 'cpu', 'cuda', 'cuda:1'")
+
+
 class _SourceBase(_Strict):
     name: str = Field(description="label in metrics (reward/<name>/...) and in episode.info['rewards']")
     weight: float = Field(1.0, ge=-1000, le=1000, description="multiplier of this source's value")
@@ -111,9 +128,17 @@ class RewardModelSource(_SourceBase):
     reward_model: RewardModelConfig = Field(description="the reward model folder and its batching")
 
 
-RewardSourceConfig = Annotated[Union[EnvSource, RuleSource, HttpSource, RewardModelSource], Field(discriminator="type")]
+class PRMSource(_SourceBase):
+    """A local process reward model scoring each assistant turn (`rewards.prm.PRMScorer`)."""
+
+    type: Literal["prm"] = Field(description="prm: a local process reward model, one score per assistant turn")
+    prm: PRMScorerConfig = Field(description="the PRM folder, its reward tokens and the step-score aggregate")
+
+
+RewardSourceConfig = Annotated[Union[EnvSource, RuleSource, HttpSource, RewardModelSource, PRMSource],
+                               Field(discriminator="type")]
 SOURCE_TYPES: dict[str, type[_SourceBase]] = {
-    "env": EnvSource, "rule": RuleSource, "http": HttpSource, "reward_model": RewardModelSource}
+    "env": EnvSource, "rule": RuleSource, "http": HttpSource, "reward_model": RewardModelSource, "prm": PRMSource}
 
 
 class RewardsConfig(_Strict):
