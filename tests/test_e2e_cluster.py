@@ -52,7 +52,7 @@ def ray_head():
 def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_dir, ray_head):
     res = run_cli(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=30",
                   # numbers from 1 to 7: the short warm start guesses up to 15, so there is room to learn fast
-                  "data.task_kwargs.high=7", "learner.lr=5e-4", "buffer.batch_size=32", "buffer.max_staleness=0",
+                  "data.task_kwargs.high=7", "learner.lr=2e-4", "buffer.batch_size=32", "buffer.max_staleness=0",
                   "data.eval_tasks=128",
                   "cluster.backend=ray",
                   "cluster.address=auto", "cluster.engines=2", "cluster.learner_ranks=2")
@@ -63,7 +63,8 @@ def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_
     assert fleet["engine_versions"] == [30, 30]  # every engine serves the final weights
     assert all(r["push_failures"] == 0 for r in records)
     assert all(r["trained_staleness_max"] == 0 for r in records)
-    # The short warm start learns fragilely: lr 1e-3 gave +0.047 once and a collapse to 0.0 in CI, so
+    # The short warm start learns fragilely: lr 1e-3 gave +0.047 once and a collapse to 0.0 in CI, and
+    # after the warm start moved onto the stage loop lr 5e-4 collapsed too (0.242 -> 0.0), so
     # this guards against collapse (a broken push or gradient would show as one) rather than asking
     # for a gain a 30-step run cannot promise.
     assert summary["eval_after"]["score"] >= summary["eval_before"]["score"] - 0.05
