@@ -9,6 +9,11 @@ One Env instance serves exactly one episode:
     await env.close()
 
 Exceptions and timeouts raised by an Env end only its own episode (status "env_error" / "timeout").
+
+Agent code written against an OpenAI client is an `AgentEnv` instead: its `run(client, task)` gets an
+`openai.AsyncOpenAI` pointed at the episode's own session of the OpenAI endpoint
+(agentrl.rollout.openai_server), and returns the reward. A plain `async def run(client, task)`
+function named as `env.import_path` is wrapped into one.
 """
 
 from __future__ import annotations
@@ -67,6 +72,38 @@ class Env(ABC):
         raise NotImplementedError(f"{cls.__name__} has no built-in task generator; set data.train_path")
 
 
+class AgentEnv(Env):
+    """An episode is one call of `run`, with a client whose every request the episode's ledger records.
+
+    `run` returns the reward: a number, or a dict {"reward": float, "success": bool, ...} whose other
+    keys go to `Episode.info["env"]` (e.g. "tool_success"). Return None only when reward sources
+    (`rewards.sources`) score the conversation; with the env's reward as the only source, None is an
+    error, never a 0. Exceptions and timeouts end only this episode, as for an Env. One instance serves
+    one episode; `close()` runs after it.
+    """
+
+    is_agent = True
+
+    @abstractmethod
+    async def run(self, client: Any, task: dict[str, Any]) -> float | dict[str, Any] | None:
+        """Play the task with `client` (an `openai.AsyncOpenAI`); return its reward."""
+
+    async def reset(self, task: dict[str, Any]) -> Observation:
+        raise TypeError("an AgentEnv's episodes run through run(client, task), not reset/step")
+
+    async def step(self, action: Action) -> StepResult:
+        raise TypeError("an AgentEnv's episodes run through run(client, task), not reset/step")
+
+
+def agent_from_function(fn: Any, name: str) -> type[AgentEnv]:
+    """An AgentEnv class whose `run` is the coroutine function `fn(client, task)`."""
+
+    async def run(self, client: Any, task: dict[str, Any]) -> Any:
+        return await fn(client, task)
+
+    return type(name, (AgentEnv,), {"run": run, "__module__": fn.__module__, "__doc__": fn.__doc__})
+
+
 def to_messages(obs: Observation | None) -> list[Message]:
     if obs is None:
         return []
@@ -88,8 +125,11 @@ def load_env(import_path: str) -> type[Env]:
     if cls is None:
         names = [n for n in dir(module) if isinstance(getattr(module, n), type)]
         raise ValueError(f"module {module_name!r} has no attribute {attr!r}; classes there: {names}")
+    if inspect.iscoroutinefunction(cls):
+        return agent_from_function(cls, attr)
     if not (isinstance(cls, type) and issubclass(cls, Env)):
-        raise ValueError(f"{import_path!r} is not a subclass of agentrl.env.Env")
+        raise ValueError(f"{import_path!r} is not a subclass of agentrl.env.Env (nor an async agent function "
+                         "run(client, task))")
     if inspect.isabstract(cls):
         missing = sorted(getattr(cls, "__abstractmethods__", ()))
         raise ValueError(f"{import_path!r} is abstract: implement {missing}")

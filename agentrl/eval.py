@@ -22,7 +22,8 @@ import time
 from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
-from agentrl.startup import Prepared, input_error, load_model_format, prepare, stop_workers
+from agentrl.startup import (Prepared, input_error, load_model_format, prepare, start_agent_server, stop_agent_server,
+                             stop_workers)
 from agentrl.types import Episode
 
 log = logging.getLogger("agentrl")
@@ -126,12 +127,13 @@ async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
     t_start = time.perf_counter()
     model_path, _, fmt = await load_model_format(cfg)
     scorer = RewardCombiner(cfg.rewards, engine_factory=frozen_engine)
-    fleet = None
+    fleet = spec = None
     try:
         log.info("model %s: starting vLLM (%d engine(s))", model_path, cfg.cluster.engines)
         fleet = await start_fleet(cfg, model_path, fmt.eos_id)
         await fleet.start()
         spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
+        await start_agent_server(cfg, spec, fleet)
         pool = RolloutPool(fleet, spec, scorer)
         tasks = [t for t in prep.eval_tasks for _ in range(samples)]
         log.info("evaluating %d tasks x %d samples = %d episodes", len(prep.eval_tasks), samples, len(tasks))
@@ -144,6 +146,7 @@ async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
     finally:
         await aclose_shared()
         await scorer.aclose()
+        await stop_agent_server(spec)
         await stop_workers(cfg, fleet, None)
 
 

@@ -183,3 +183,19 @@ async def stop_workers(cfg: Config, fleet, learner) -> None:
         if learner is not None:
             learner.shutdown()
         disconnect()
+
+
+async def start_agent_server(cfg: Config, spec, fleet) -> None:
+    """When the env is an AgentEnv: start the OpenAI endpoint its episodes' sessions live on (`spec.server`)."""
+    if not getattr(spec.env_cls, "is_agent", False):
+        return
+    from agentrl.rollout.agent_episode import make_server
+
+    spec.scored_by_sources = any(source.type != "env" for source in cfg.rewards.sources)
+    spec.server = make_server(spec, fleet, cfg.server)
+    await spec.server.start()
+
+
+async def stop_agent_server(spec) -> None:
+    if spec is not None and spec.server is not None:
+        await spec.server.stop()

@@ -29,7 +29,8 @@ from agentrl.checkpoint import RunState
 from agentrl.data import TaskStream
 from agentrl.metrics import MetricsSink, print_summary, setup_logging
 from agentrl.rollout.pool import Producer, RolloutPool, score_episodes
-from agentrl.startup import Prepared, input_error, load_model_format, prepare, start_workers, stop_workers
+from agentrl.startup import (Prepared, input_error, load_model_format, prepare, start_agent_server, start_workers,
+                             stop_agent_server, stop_workers)
 from agentrl.types import TrainBatch
 
 log = logging.getLogger("agentrl")
@@ -74,6 +75,8 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     rec.update(pool.tool_stats.metrics())
     if pool.scorer is not None:
         rec.update(pool.scorer.metrics())
+    if pool.spec.server is not None:
+        rec.update(pool.spec.server.stats())
     rec.update({f"buffer/{k}": v for k, v in buffer.stats().items()})
     return rec
 
@@ -213,11 +216,12 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     log.info("model %s; %d train / %d eval tasks; starting vLLM", model_path, len(prep.train_tasks),
              len(prep.eval_tasks))
     scorer = RewardCombiner(cfg.rewards, engine_factory=frozen_engine)
-    fleet = learner = sink = rollouts = None
+    fleet = learner = sink = rollouts = spec = None
     try:
         fleet, learner, sync = await start_workers(cfg, model_path, tokenizer, fmt.eos_id)
         state, resumed = (await resume_workers(prep, learner, sync)) if prep.resume else (None, None)
         spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
+        await start_agent_server(cfg, spec, fleet)
         pool = RolloutPool(fleet, spec, scorer)
         summary: dict[str, Any] = {"model": model_path, "config": cfg.model_dump()}
         kept: dict[str, Any] = dict(state.summary) if state else {}
@@ -260,6 +264,7 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
                 out.close()
         await aclose_shared()
         await scorer.aclose()
+        await stop_agent_server(spec)
         await stop_workers(cfg, fleet, learner)
 
 

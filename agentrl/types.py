@@ -31,8 +31,25 @@ class Turn:
 
 
 @dataclass
+class Segment:
+    """A closed piece of an episode's ledger: what the ledger held when an agent on the OpenAI
+    endpoint rewrote or dropped earlier messages (agentrl.rollout.session). Trained as its own row
+    with the episode's reward; the fields are aligned by position as in Episode."""
+
+    tokens: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    prompt_len: int
+    reason: str  # why the ledger could not be extended past this segment
+
+
+@dataclass
 class Episode:
-    """One rollout of one Env instance, built token-in/token-out."""
+    """One rollout of one Env instance, built token-in/token-out.
+
+    `tokens` ... `versions` are the current segment of the ledger; an episode is one segment unless
+    its agent rewrote history (then the earlier ones are in `segments`, oldest first)."""
 
     task_id: str
     group_id: int  # episodes sharing a task and a group baseline share this id
@@ -48,6 +65,7 @@ class Episode:
     messages: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     success: bool = False  # env-reported task success (for the success-rate metric)
+    segments: list[Segment] = field(default_factory=list)  # closed segments, oldest first
 
     def append(self, token_ids: list[int], *, generated: bool, logprobs: list[float] | None = None,
                versions: list[int] | None = None) -> None:
@@ -58,14 +76,27 @@ class Episode:
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)
         self.versions.extend(versions if versions is not None else [-1] * n)
 
+    def start_segment(self, reason: str) -> None:
+        """Close the current ledger as a Segment (kept, and trained) and start an empty one. Nothing
+        is re-tokenised: the closed tokens stay exactly as sampled."""
+        self.segments.append(Segment(self.tokens, self.loss_mask, self.logprobs, self.versions,
+                                     self.prompt_len, reason))
+        self.tokens, self.loss_mask, self.logprobs, self.versions = [], [], [], []
+        self.prompt_len = 0
+
+    def rows(self) -> list[Segment]:
+        """Every segment of the ledger, the current one last: the rows this episode trains as."""
+        current = Segment(self.tokens, self.loss_mask, self.logprobs, self.versions, self.prompt_len, "")
+        return [*self.segments, current] if self.tokens or not self.segments else list(self.segments)
+
     @property
     def n_generated(self) -> int:
-        return sum(self.loss_mask)
+        return sum(sum(r.loss_mask) for r in self.rows())
 
     @property
     def min_version(self) -> int:
         """Oldest policy version among generated tokens (-1 if none were generated)."""
-        gen = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        gen = [v for r in self.rows() for v, m in zip(r.versions, r.loss_mask) if m]
         return min(gen) if gen else -1
 
     @property
@@ -108,22 +139,26 @@ class TrainBatch:
 
     @staticmethod
     def from_episodes(episodes: list[Episode], advantages_B: torch.Tensor | None, pad_id: int) -> "TrainBatch":
-        """Pad episodes into tensors; each episode's scalar advantage, if given, is broadcast to its tokens."""
-        T = max(len(e.tokens) for e in episodes)
-        B = len(episodes)
+        """Pad episodes into tensors, one row per ledger segment (one per episode unless an agent
+        rewrote history): a segment row carries its episode's reward, group and scalar advantage,
+        which, if given, is broadcast to its tokens. Group baselines then count each segment as a sample."""
+        owners = [(i, row) for i, e in enumerate(episodes) for row in e.rows()]
+        T = max(len(row.tokens) for _, row in owners)
+        B = len(owners)
         ids = torch.full((B, T), pad_id, dtype=torch.long)
         attn = torch.zeros((B, T), dtype=torch.long)
         mask = torch.zeros((B, T))
         mu = torch.zeros((B, T))
         ver = torch.full((B, T), -1, dtype=torch.long)
-        for i, e in enumerate(episodes):
-            n = len(e.tokens)
-            ids[i, :n] = torch.tensor(e.tokens)
-            attn[i, :n] = 1
-            mask[i, :n] = torch.tensor(e.loss_mask, dtype=torch.float)
-            mu[i, :n] = torch.tensor(e.logprobs, dtype=torch.float)
-            ver[i, :n] = torch.tensor(e.versions)
-        adv = None if advantages_B is None else advantages_B.float().view(B, 1) * mask
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float)
-        groups = torch.tensor([e.group_id for e in episodes], dtype=torch.long)
+        for b, (_, row) in enumerate(owners):
+            n = len(row.tokens)
+            ids[b, :n] = torch.tensor(row.tokens)
+            attn[b, :n] = 1
+            mask[b, :n] = torch.tensor(row.loss_mask, dtype=torch.float)
+            mu[b, :n] = torch.tensor(row.logprobs, dtype=torch.float)
+            ver[b, :n] = torch.tensor(row.versions)
+        owner = torch.tensor([i for i, _ in owners], dtype=torch.long)
+        adv = None if advantages_B is None else advantages_B.float()[owner].view(B, 1) * mask
+        rewards = torch.tensor([episodes[i].reward for i, _ in owners], dtype=torch.float)
+        groups = torch.tensor([episodes[i].group_id for i, _ in owners], dtype=torch.long)
         return TrainBatch(ids, attn, mask, mu, adv, ver, rewards, groups)

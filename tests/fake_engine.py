@@ -70,3 +70,11 @@ class ScriptedEngine:
         versions = list(reply.versions[:n]) if reply.versions is not None else [index] * n
         call.output = Generation(ids, logprobs, versions, "length" if cut or not reply.eos else "stop")
         return call.output
+
+    async def stream(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, seed: int | None = None):
+        """`generate`, delivered one token at a time (as the real Engine.stream delivers engine steps)."""
+        out = await self.generate(prompt_ids, max_tokens, temperature, top_p, seed)
+        for j, tok in enumerate(out.token_ids):
+            last = j == len(out.token_ids) - 1
+            yield Generation([tok], [out.logprobs[j]], [out.versions[j]], out.finish_reason if last else None)

@@ -71,3 +71,34 @@ def test_calculator_env_trains_against_the_reference_tool_server(tmp_path, tool_
     stats = httpx.get(tool_server + "/stats", timeout=5).json()
     assert stats["listed"] >= 1  # the env discovered its tools from this server
     assert stats["calls"].get("calculator", 0) > 0  # and its calls ran there
+
+
+def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_model):
+    """examples/agents/openai_agent.py: the same task as plain `openai` code, through the run's endpoint."""
+    from agentrl.chat import ChatFormat, ledger_from_messages, load_tokenizer
+
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
+    cmd = [sys.executable, "-m", "agentrl.train", "--config", "examples/agents/openai_agent.yaml",
+           f"model.path={calculator_model}", f"env.kwargs.tool_url={tool_server}", f"train.out_dir={out}",
+           "train.steps=2", "data.eval_tasks=16", "rollout.n_samples=4", "buffer.batch_size=16",
+           "train.save_model=false", "train.save_rollouts=true"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("eval_before", "eval_after"):
+        assert summary[key]["n"] == 16 and summary[key]["failed"] == {}, summary[key]
+        assert 0.0 <= summary[key]["tool_call_success_rate"] <= 1.0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["ledger/segments_split"] == 0 for r in records)
+    assert sum(r["tools/calls"] for r in records) > 0  # tool calls parsed from the sessions' turns
+    # Every trained episode's ledger is the template's rendering of the conversation the agent had.
+    fmt = ChatFormat(load_tokenizer(calculator_model))
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 32
+    for ep in rollouts:
+        tokens, mask = ledger_from_messages(fmt, ep["messages"])
+        n = len(ep["tokens"])  # an episode cut at the context length keeps its prefix
+        assert ep["tokens"] == tokens[:n] and ep["loss_mask"] == mask[:n] and not ep["segments"]
+        assert all(v >= 0 for v, m in zip(ep["versions"], ep["loss_mask"]) if m)

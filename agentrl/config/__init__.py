@@ -5,7 +5,7 @@ from the leaf modules `agentrl.algo` and `agentrl.tools` (inside validators)."""
 from agentrl.config.load import ConfigError, apply_override, build_config, load_config
 from agentrl.config.schema import (AlgoConfig, BufferConfig, ClusterConfig, Config, CriticConfig, DataConfig, DefaultModelConfig,
                                    EngineConfig, EnvConfig, LearnerConfig, LoraConfig, ModelConfig, OptimConfig,
-                                   RolloutConfig, TrainConfig, WeightSyncConfig)
+                                   RolloutConfig, ServerConfig, TrainConfig, WeightSyncConfig)
 from agentrl.config.sources import (SOURCE_TYPES, EndpointConfig, EnvSource, HttpSource, RewardModelConfig,
                                     RewardModelSource, RewardsConfig, RewardSourceConfig, RuleSource, VerifierConfig)
 
@@ -13,6 +13,6 @@ __all__ = [
     "SOURCE_TYPES", "AlgoConfig", "BufferConfig", "ClusterConfig", "Config", "ConfigError", "CriticConfig", "DataConfig",
     "DefaultModelConfig", "EndpointConfig", "EngineConfig", "EnvConfig", "EnvSource", "HttpSource", "LearnerConfig",
     "LoraConfig", "ModelConfig", "OptimConfig", "RewardModelConfig", "RewardModelSource", "RewardSourceConfig",
-    "RewardsConfig", "RolloutConfig", "RuleSource", "TrainConfig", "VerifierConfig", "WeightSyncConfig",
+    "RewardsConfig", "RolloutConfig", "RuleSource", "ServerConfig", "TrainConfig", "VerifierConfig", "WeightSyncConfig",
     "apply_override", "build_config", "load_config",
 ]

@@ -287,6 +287,17 @@ class TrainConfig(_Base):
                                                    "(messages, tokens, masks, logprobs, versions, reward, status)")
 
 
+class ServerConfig(_Base):
+    """The OpenAI-compatible endpoint (agentrl.rollout.openai_server): started by runs whose env is an
+    AgentEnv (each episode gets its own session URL) and by `python -m agentrl.serve`."""
+
+    host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise (0.0.0.0 = every interface)")
+    port: int = Field(0, ge=0, le=65535, description="TCP port; 0 = any free port (what training runs use)")
+    api_key: str | None = Field(None, description="bearer token every request must carry; unset = no authentication")
+    model_name: str = Field("agentrl", min_length=1, description="the model id /v1/models lists and responses name")
+    max_sessions: int = Field(100_000, ge=1, description="open sessions at once; more is a 429")
+
+
 class Config(_Base):
     """The whole run: one section per stage, in data-flow order."""
 
@@ -295,6 +306,7 @@ class Config(_Base):
     data: DataConfig = Field(default_factory=DataConfig, description="training and held-out tasks")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="the vLLM rollout engine")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="episode sampling and deadlines")
+    server: ServerConfig = Field(default_factory=ServerConfig, description="the OpenAI endpoint AgentEnv agents call")
     rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="reward sources and failure policy")
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="batching and the staleness bound")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="advantages, loss, off-policy correction")

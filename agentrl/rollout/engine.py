@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 
 from agentrl.config import EngineConfig
 
@@ -107,6 +108,20 @@ class Engine:
                        top_p: float = 1.0, seed: int | None = None) -> Generation:
         """Sample one turn. Tokens are stamped with the engine version current when they arrive: a
         weight update pauses the engine, so tokens that arrive after it were sampled with the new weights."""
+        gen = Generation()
+        async for delta in self.stream(prompt_ids, max_tokens, temperature, top_p, seed):
+            gen.token_ids += delta.token_ids
+            gen.logprobs += delta.logprobs
+            gen.versions += delta.versions
+            gen.finish_reason = delta.finish_reason or gen.finish_reason
+        if len(gen.logprobs) != len(gen.token_ids):
+            raise RuntimeError(f"vLLM returned {len(gen.logprobs)} logprobs for {len(gen.token_ids)} tokens")
+        return gen
+
+    async def stream(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, seed: int | None = None) -> AsyncIterator[Generation]:
+        """`generate` as it happens: one Generation per engine step holding the new tokens. Closing
+        the iterator early aborts the request in vLLM (the OpenAI endpoint's stop strings)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -114,21 +129,16 @@ class Engine:
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0, seed=seed,
             stop_token_ids=[self.eos_id], output_kind=RequestOutputKind.DELTA, detokenize=False,
         )
-        gen = Generation()
-        request_id = f"req-{next(self._ids)}"
-        async for out in self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id=request_id):
-            completion = out.outputs[0]
-            version = self.version
-            new_ids = list(completion.token_ids)
-            gen.token_ids += new_ids
-            for tok, lp in zip(new_ids, completion.logprobs or []):
-                gen.logprobs.append(float(lp[tok].logprob))
-            gen.versions += [version] * len(new_ids)
-            if completion.finish_reason is not None:
-                gen.finish_reason = completion.finish_reason
-        if len(gen.logprobs) != len(gen.token_ids):
-            raise RuntimeError(f"vLLM returned {len(gen.logprobs)} logprobs for {len(gen.token_ids)} tokens")
-        return gen
+        outputs = self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id=f"req-{next(self._ids)}")
+        try:
+            async for out in outputs:
+                completion = out.outputs[0]
+                version = self.version
+                new_ids = list(completion.token_ids)
+                logprobs = [float(lp[tok].logprob) for tok, lp in zip(new_ids, completion.logprobs or [])]
+                yield Generation(new_ids, logprobs, [version] * len(new_ids), completion.finish_reason)
+        finally:
+            await outputs.aclose()
 
     async def score(self, token_ids: list[int]) -> list[float]:
         """log p(token_ids[t] | token_ids[:t]) for t >= 1 under the served weights (prompt logprobs)."""

@@ -42,6 +42,10 @@ class EpisodeSpec:
     fmt: ChatFormat
     cfg: RolloutConfig
     max_model_len: int
+    # AgentEnv runs: the OpenAI endpoint their sessions live on (agent_episode.make_server), and
+    # whether reward sources other than the env's own score episodes (then an agent may return None).
+    server: Any = None
+    scored_by_sources: bool = False
 
 
 async def _generate(engine: GenerateFn, ep: Episode, spec: EpisodeSpec, budget: int, seed: int | None):
@@ -92,7 +96,7 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
     ep.status = "truncated"
 
 
-def _trim_to_context(ep: Episode, max_len: int) -> None:
+def trim_to_context(ep: Episode, max_len: int) -> None:
     """Drop trailing env tokens past the context length (only unmasked env text can be there, since
     each generation budget is capped by it); they carry nothing to train on."""
     if len(ep.tokens) > max_len:
@@ -103,6 +107,10 @@ def _trim_to_context(ep: Episode, max_len: int) -> None:
 async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpec, group_id: int = 0,
                       seed: int | None = None) -> Episode:
     """Play one episode. Never raises for Env or engine failures: they set `status` and `error`."""
+    if getattr(spec.env_cls, "is_agent", False):
+        from agentrl.rollout.agent_episode import run_agent_episode
+
+        return await run_agent_episode(task, engine, spec, group_id, seed)
     ep = Episode(task_id=str(task.get("id", "")), group_id=group_id,
                  info={"task": task, "tool_calls": 0, "tool_parse_errors": 0, "tool_call_turns": 0})
     env: Env | None = None
@@ -118,7 +126,7 @@ async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpe
         ep.status = "env_error"
         ep.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     finally:
-        _trim_to_context(ep, spec.max_model_len)
+        trim_to_context(ep, spec.max_model_len)
         if env is not None:
             try:
                 await asyncio.wait_for(env.close(), spec.cfg.turn_timeout_s)

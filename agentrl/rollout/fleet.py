@@ -153,6 +153,22 @@ class _Leased:
             await self.fleet.report_failure(member, exc)
             raise
 
+    async def stream(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
+                     top_p: float = 1.0, seed: int | None = None) -> AsyncIterator[Generation]:
+        """`generate` as it happens on an engine in this process; a Ray engine's turn comes in one piece."""
+        member = self.member
+        if not isinstance(member, LocalMember):
+            yield await self.generate(prompt_ids, max_tokens, temperature, top_p, seed)
+            return
+        if not member.healthy:
+            raise RuntimeError(f"engine {member.index} died earlier in this episode")
+        try:
+            async for delta in member.engine.stream(prompt_ids, max_tokens, temperature, top_p, seed):
+                yield delta
+        except Exception as exc:
+            await self.fleet.report_failure(member, exc)
+            raise
+
 
 class EngineFleet:
     """The engines of a run. Start with `await fleet.start()`; end with `await fleet.shutdown()`."""
@@ -242,6 +258,11 @@ class EngineFleet:
         """One request on the least-loaded engine (the `GenerateFn` of a single turn)."""
         async with self.lease() as engine:
             return await engine.generate(prompt_ids, max_tokens, temperature, top_p, seed)
+
+    async def stream(self, *args) -> AsyncIterator[Generation]:
+        async with self.lease() as engine:
+            async for delta in engine.stream(*args):
+                yield delta
 
     # -- versions and weight loads -------------------------------------------------------------
 

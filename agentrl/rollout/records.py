@@ -27,7 +27,7 @@ from typing import Any
 
 from agentrl.data import DataError
 from agentrl.files import restart_jsonl_at
-from agentrl.types import Episode, Group, Turn
+from agentrl.types import Episode, Group, Segment, Turn
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def episode_to_record(ep: Episode, step: int | None = None, task: dict | None = 
         "messages": ep.messages, "tokens": ep.tokens, "loss_mask": ep.loss_mask, "logprobs": ep.logprobs,
         "versions": ep.versions, "prompt_len": ep.prompt_len, "reward": ep.reward, "status": ep.status,
         "error": ep.error, "success": ep.success, "turns": [dataclasses.asdict(t) for t in ep.turns],
-        "info": ep.info,
+        "info": ep.info, "segments": [dataclasses.asdict(seg) for seg in ep.segments],
     })
 
 
@@ -74,7 +74,8 @@ def episode_from_record(d: dict[str, Any]) -> Episode:
         loss_mask=list(d["loss_mask"]), logprobs=[_float(x) for x in d["logprobs"]],
         versions=list(d["versions"]), prompt_len=int(d.get("prompt_len", 0)), reward=_float(d["reward"]),
         status=d["status"], error=d.get("error", ""), turns=[Turn(**t) for t in d.get("turns", [])],
-        messages=list(d.get("messages", [])), info=dict(d.get("info") or {}), success=bool(d.get("success")))
+        messages=list(d.get("messages", [])), info=dict(d.get("info") or {}), success=bool(d.get("success")),
+        segments=[Segment(**seg) for seg in d.get("segments", [])])
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:

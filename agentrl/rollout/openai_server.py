@@ -1,0 +1,282 @@
+"""An OpenAI-compatible endpoint on the rollout engines (aiohttp), one token ledger per session.
+
+    GET  /v1/models                           the served model
+    POST /v1/chat/completions                 streaming or not; tool calls in OpenAI's `tool_calls` shape
+    POST /v1/completions                      plain text (or token-id) prompts
+    POST /sessions                            open a session: {"id", "base_url"} (agentrl.serve)
+    GET  /sessions/<id>                       its ledger: tokens, loss mask, logprobs, versions, segments
+    DELETE /sessions/<id>
+    .../sessions/<id>/v1/...                  the /v1 routes inside that session
+
+Training opens one session per AgentEnv episode (`open_session`) and hands the agent
+`<url>/sessions/<id>/v1` as its base URL; the session is the episode's ledger
+(agentrl.rollout.session). Requests of one session are served one at a time, in arrival order.
+Requests outside a session are served on a throwaway ledger.
+
+Binds 127.0.0.1 unless told otherwise; with `api_key` set, a request without
+`Authorization: Bearer <api_key>` is a 401. Errors are in OpenAI's shape; an unknown session is a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import uuid
+from collections import Counter
+from typing import Any
+
+from aiohttp import web
+
+from agentrl.chat import ChatFormat
+from agentrl.config import ServerConfig
+from agentrl.rollout import openai_protocol as proto
+from agentrl.rollout.openai_protocol import ProtocolError
+from agentrl.rollout.session import Limits, Reply, Session
+from agentrl.tools import ToolParser
+from agentrl.types import Episode
+
+log = logging.getLogger(__name__)
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def _error(exc: ProtocolError) -> web.Response:
+    return web.json_response(proto.error_body(str(exc), exc.kind, exc.param, exc.code), status=exc.status)
+
+
+class OpenAIServer:
+    """Start with `await server.start()`, end with `await server.stop()`. `engine`: the GenerateFn
+    that serves requests made outside a session and sessions opened over HTTP (an Engine or a fleet)."""
+
+    def __init__(self, fmt: ChatFormat, cfg: ServerConfig, parser: ToolParser, limits: Limits,
+                 engine: Any = None) -> None:
+        self.fmt, self.cfg, self.parser, self.limits, self.engine = fmt, cfg, parser, limits, engine
+        self.sessions: dict[str, Session] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.counters: Counter[str] = Counter(segments_split=0, sampling_overridden=0)
+        self._runner: web.AppRunner | None = None
+        self.port = cfg.port
+        self.app = self._app()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth], client_max_size=64 * 2**20)
+        for prefix in ("", "/sessions/{sid}"):
+            app.router.add_get(prefix + "/v1/models", self._models)
+            app.router.add_post(prefix + "/v1/chat/completions", self._chat)
+            app.router.add_post(prefix + "/v1/completions", self._completions)
+        app.router.add_post("/sessions", self._open)
+        app.router.add_get("/sessions/{sid}", self._ledger)
+        app.router.add_delete("/sessions/{sid}", self._close)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=4096)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        log.info("OpenAI endpoint on %s (model %r)", self.url, self.cfg.model_name)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.cfg.host in ("0.0.0.0", "") else self.cfg.host
+        return f"http://{host}:{self.port}"
+
+    # -- sessions ------------------------------------------------------------------------------------
+
+    def open_session(self, engine: Any, episode: Episode, limits: Limits | None = None) -> Session:
+        """A session whose ledger is `episode`, generating on `engine`; its base URL is `session.base_url`."""
+        if len(self.sessions) >= self.cfg.max_sessions:
+            raise ProtocolError(f"{len(self.sessions)} sessions are open (server.max_sessions)", None, 429,
+                                "too_many_sessions")
+        sid = uuid.uuid4().hex
+        session = Session(sid, self.fmt, engine, episode, limits or self.limits, self.parser, self.counters)
+        session.base_url = f"{self.url}/sessions/{sid}/v1"
+        self.sessions[sid] = session
+        self._locks[sid] = asyncio.Lock()
+        self.counters["sessions"] += 1
+        return session
+
+    def close_session(self, sid: str) -> Session | None:
+        self._locks.pop(sid, None)
+        return self.sessions.pop(sid, None)
+
+    def stats(self) -> dict[str, float]:
+        """Counters since start: `ledger/segments_split`, `ledger/sampling_overridden`, requests, sessions."""
+        return {f"ledger/{k}": float(v) for k, v in sorted(self.counters.items())}
+
+    # -- middleware and small routes -------------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        key = self.cfg.api_key
+        if key is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                self.counters["unauthorized"] += 1
+                body = proto.error_body("missing or wrong bearer token (Authorization: Bearer <api key>)",
+                                        "invalid_request_error", None, "invalid_api_key")
+                return web.json_response(body, status=401)
+        try:
+            return await handler(request)
+        except ProtocolError as exc:
+            return _error(exc)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._find(request)
+        return web.json_response(proto.models_response(self.cfg.model_name))
+
+    def _find(self, request: web.Request) -> Session | None:
+        sid = request.match_info.get("sid")
+        if sid is None:
+            return None
+        session = self.sessions.get(sid)
+        if session is None:
+            raise ProtocolError(f"no session {sid!r} (it ended, or never existed)", None, 404, "session_not_found")
+        return session
+
+    async def _open(self, request: web.Request) -> web.Response:
+        if self.engine is None:
+            raise ProtocolError("this server opens sessions only for its own episodes", None, 403)
+        session = self.open_session(self.engine, Episode(task_id="http", group_id=-1))
+        return web.json_response({"id": session.sid, "base_url": session.base_url})
+
+    async def _ledger(self, request: web.Request) -> web.Response:
+        ep = self._find(request).ep
+        current = {"tokens": ep.tokens, "loss_mask": ep.loss_mask, "logprobs": ep.logprobs,
+                   "versions": ep.versions, "prompt_len": ep.prompt_len}
+        segments = [{"tokens": s.tokens, "loss_mask": s.loss_mask, "logprobs": s.logprobs, "versions": s.versions,
+                     "prompt_len": s.prompt_len, "reason": s.reason} for s in ep.segments]
+        return web.json_response({**current, "segments": segments, "messages": ep.messages,
+                                  "text": self.fmt.tokenizer.decode(ep.tokens)})
+
+    async def _close(self, request: web.Request) -> web.Response:
+        session = self._find(request)
+        self.close_session(session.sid)
+        return web.json_response({"id": session.sid, "deleted": True})
+
+    # -- completions ---------------------------------------------------------------------------------
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+
+    def _session_for(self, request: web.Request) -> tuple[Session, asyncio.Lock]:
+        session = self._find(request)
+        if session is not None:
+            return session, self._locks[session.sid]
+        if self.engine is None:
+            raise ProtocolError("requests outside a session are not served here; use the session's base URL",
+                                None, 404, "session_not_found")
+        return Session("", self.fmt, self.engine, Episode(task_id="", group_id=-1), self.limits, self.parser,
+                       self.counters), asyncio.Lock()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        req = proto.parse_chat(await self._body(request))
+        session, lock = self._session_for(request)
+        self.counters["requests"] += 1
+        rid, model = proto.new_id("chatcmpl"), self.cfg.model_name
+        async with lock:
+            plan = session.plan_chat(req)
+            if not req.stream:
+                reply = await session.complete(plan, "chat", req.sampling)
+                message = {"role": "assistant", "content": reply.content}
+                if reply.tool_calls:
+                    message["tool_calls"] = proto.openai_tool_calls(reply.tool_calls)
+                use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
+                return web.json_response(proto.chat_response(rid, model, message, reply.finish_reason, use))
+            sse = _Sse(request)
+            streamed: list[str] = []
+
+            async def on_text(text: str) -> None:
+                if not streamed:
+                    await sse.send(proto.chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+                streamed.append(text)
+                await sse.send(proto.chat_chunk(rid, model, {"content": text}))
+
+            try:
+                reply = await session.complete(plan, "chat", req.sampling, on_text)
+            except ProtocolError as exc:
+                return await sse.fail(exc)
+            await self._finish_chat_stream(sse, rid, reply, "".join(streamed))
+            return sse.response
+
+    async def _finish_chat_stream(self, sse: "_Sse", rid: str, reply: Reply, streamed: str) -> None:
+        model = self.cfg.model_name
+        if not streamed:
+            await sse.send(proto.chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+        rest = (reply.content or "")[len(streamed):] if (reply.content or "").startswith(streamed) else ""
+        if rest:
+            await sse.send(proto.chat_chunk(rid, model, {"content": rest}))
+        if reply.tool_calls:
+            calls = [{"index": i, **c} for i, c in enumerate(proto.openai_tool_calls(reply.tool_calls))]
+            await sse.send(proto.chat_chunk(rid, model, {"tool_calls": calls}))
+        use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
+        await sse.send(proto.chat_chunk(rid, model, {}, reply.finish_reason, use))
+        await sse.done()
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        req = proto.parse_completion(await self._body(request))
+        session, lock = self._session_for(request)
+        self.counters["requests"] += 1
+        rid, model = proto.new_id("cmpl"), self.cfg.model_name
+        async with lock:
+            plan = session.plan_text(req)
+            if not req.stream:
+                reply = await session.complete(plan, "text", req.sampling)
+                use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
+                return web.json_response(proto.completion_response(rid, model, reply.text, reply.finish_reason, use))
+            sse = _Sse(request)
+            streamed: list[str] = []
+
+            async def on_text(text: str) -> None:
+                streamed.append(text)
+                await sse.send(proto.completion_response(rid, model, text, None, None))
+
+            try:
+                reply = await session.complete(plan, "text", req.sampling, on_text)
+            except ProtocolError as exc:
+                return await sse.fail(exc)
+            done = "".join(streamed)
+            rest = reply.text[len(done):] if reply.text.startswith(done) else ""
+            use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
+            await sse.send(proto.completion_response(rid, model, rest, reply.finish_reason, use))
+            await sse.done()
+            return sse.response
+
+
+class _Sse:
+    """A server-sent-event stream whose headers go out with the first event, so an error raised
+    before anything was generated is still an ordinary JSON error with its status."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    async def send(self, obj: dict[str, Any]) -> None:
+        if self.response is None:
+            self.response = web.StreamResponse(headers=_SSE_HEADERS)
+            await self.response.prepare(self.request)
+        await self.response.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+    async def done(self) -> None:
+        await self.response.write(b"data: [DONE]\n\n")
+        await self.response.write_eof()
+
+    async def fail(self, exc: ProtocolError) -> web.StreamResponse:
+        if self.response is None:
+            return _error(exc)
+        await self.send(proto.error_body(str(exc), exc.kind, exc.param, exc.code))
+        await self.done()
+        return self.response

@@ -1,0 +1,100 @@
+"""`python -m agentrl.serve --model DIR [--port P]`: the OpenAI-compatible endpoint standing alone.
+
+For evaluating or debugging an agent against a trained model (a run's `<out_dir>/model`, a Hugging
+Face folder, a named model, or `default` for the embedded one) with the same server, tool parser and
+token ledger training uses:
+
+    python -m agentrl.serve --model runs/calculator/model --port 8000
+    client = openai.AsyncOpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
+
+`POST /sessions` opens a session whose ledger `GET /sessions/<id>` shows (tokens, loss mask, behaviour
+logprobs, segments and why each split). Binds 127.0.0.1 unless `--host` says otherwise; `--api-key`
+(or `server.api_key`) makes every request carry `Authorization: Bearer <key>`. Any config key
+applies as a dotted override, e.g. `engine.max_model_len=2048 rollout.tool_parser=hermes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from agentrl.config import ConfigError, load_config
+from agentrl.startup import check_model_path, input_error, load_model_format
+
+log = logging.getLogger("agentrl")
+
+
+async def serve(cfg, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (or SIGINT / SIGTERM)."""
+    from agentrl.rollout.fleet import EngineFleet
+    from agentrl.rollout.openai_server import OpenAIServer
+    from agentrl.rollout.session import Limits
+    from agentrl.tools import get_tool_parser
+
+    model_path, _, fmt = await load_model_format(cfg)
+    log.info("model %s: starting vLLM", model_path)
+    fleet = EngineFleet.local(model_path, cfg.engine, fmt.eos_id, cfg.cluster)
+    server = None
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await fleet.start()
+        # Requests choose their own sampling here; the per-request cap is the whole context.
+        limits = Limits(cfg.engine.max_model_len, cfg.engine.max_model_len, 1_000_000)
+        server = OpenAIServer(fmt, cfg.server, get_tool_parser(cfg.rollout.tool_parser), limits, engine=fleet)
+        await server.start()
+        print(f"serving {model_path} as {cfg.server.model_name!r} at {server.url}/v1", flush=True)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+    finally:
+        if server is not None:
+            await server.stop()
+        await fleet.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agentrl.serve", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="model folder, named model, or 'default' (the embedded one)")
+    parser.add_argument("--port", type=int, help="TCP port (default: server.port; 0 = any free port)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--api-key", help="bearer token every request must carry")
+    parser.add_argument("--config", help="YAML config file (engine, server, rollout.tool_parser, model.default)")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. engine.max_model_len=2048")
+    args = parser.parse_intermixed_args(argv)
+    from agentrl.metrics import setup_logging
+
+    setup_logging()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    flags = {"server.port": args.port, "server.host": args.host}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
+    try:
+        cfg = load_config(args.config, overrides)
+        cfg.model.path = None if args.model == "default" else args.model
+        if cfg.model.path:
+            check_model_path(cfg.model.path)
+    except ConfigError as exc:
+        return input_error(exc)
+    if args.api_key is not None:  # as given: a YAML override would read "123" as a number
+        cfg.server.api_key = args.api_key
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        try:
+            runner.run(serve(cfg))
+        except ConfigError as exc:  # the model folder's chat template
+            return input_error(exc)
+        except OSError as exc:  # the port is taken, the host is not ours
+            print(f"serve failed: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,364 @@
+"""The OpenAI endpoint under 1,000 concurrent agent sessions: every request answered, the event-loop cost
+per request (goal < 1 ms), and every session's ledger exact with none mixed between sessions.
+
+    .venv/bin/python bench/openai_server.py [--sessions 1000] [--turns 4] [--seed 0]
+
+This process runs `OpenAIServer` on uvloop (the loop train.py uses) with an in-memory engine that
+answers each generation after one event-loop pass (a real engine wakes each request once per engine
+step). Its reply names the session and turn written at the end of the prompt's last user message
+("s12 t3 done" for "[s12 t3]"), so a request that reached another session's ledger shows there.
+
+It opens every session up front and hands the base URLs to a client process (this file, `--client`:
+aiohttp on uvloop, one connection per session), so the clients' work is not on the server's loop.
+Each session is a multi-turn conversation, as an agent sends it: every turn re-sends the whole
+conversation plus the assistant reply as returned plus a new user message. Connections are opened
+(one GET /v1/models per session) before the measured phase.
+
+Measured in this process over the request phase: CPU seconds (user + system, this process only) per
+request = the event-loop cost, wall time and requests/s; the client reports answered requests,
+non-200s, replies that were not the session's own, and latencies. A second phase sends the same
+conversations to a canned handler on the same aiohttp stack (JSON in, the rule's reply out, no
+ledger) for the HTTP + JSON floor; during the real phase `Session.plan_chat`, `Session.complete` and
+the engine stub are timed (wall, summed) for the breakdown. Afterwards every session's ledger is
+compared with `ledger_from_messages` of its own conversation. Tables on stdout, progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import median, progress, run_uvloop, table
+
+MARK = re.compile(r"\[s(\d+) t(\d+)\]")  # what a user message ends with
+OWNER = re.compile(r"\bs(\d+) t\d+")  # a marker or a reply: the session it belongs to
+WORDS = "the keeper climbed stairs again counting each step as storm grew louder over dark sea".split()
+TAIL = 48  # prompt tokens the engine decodes: the last user message's end and the generation header
+GOAL_MS = 1.0
+
+
+# -- the conversations (shared by client and server) ---------------------------------------------------
+
+def user_text(i: int, t: int, seed: int) -> str:
+    """Session i's user message of turn t: a few seeded words (ledgers differ in length), then the marker."""
+    rng = random.Random(f"{seed}:{i}:{t}")
+    return " ".join(rng.choices(WORDS, k=rng.randint(3, 12))) + f". [s{i} t{t}]"
+
+
+def reply_text(i: int, t: int) -> str:
+    return f"s{i} t{t} done"
+
+
+def opening(i: int, seed: int) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": "You are a storyteller."},
+            {"role": "user", "content": user_text(i, 0, seed)}]
+
+
+def conversation(i: int, turns: int, seed: int) -> list[dict[str, Any]]:
+    """Session i's finished conversation when every request was answered by the rule."""
+    messages = opening(i, seed)
+    for t in range(turns):
+        messages.append({"role": "assistant", "content": reply_text(i, t)})
+        if t + 1 < turns:
+            messages.append({"role": "user", "content": user_text(i, t + 1, seed)})
+    return messages
+
+
+# -- client process --------------------------------------------------------------------------------------
+
+async def converse(http, url: str, i: int, turns: int, seed: int, out: dict[str, Any]) -> None:
+    messages = opening(i, seed)
+    for t in range(turns):
+        t0 = time.perf_counter()
+        try:
+            async with http.post(f"{url}/chat/completions", json={"model": "agentrl", "messages": messages,
+                                                                   "max_tokens": 16}) as resp:
+                body = await resp.json() if resp.status == 200 else await resp.text()
+        except Exception as exc:  # a dropped connection or timeout: counted, the conversation ends
+            out["failed"] += 1
+            out["first_error"] = out["first_error"] or repr(exc)
+            return
+        out["latency"].append(time.perf_counter() - t0)
+        if resp.status != 200:
+            out["non200"] += 1
+            out["first_error"] = out["first_error"] or f"{resp.status}: {body[:300]}"
+            return
+        out["answered"] += 1
+        message = body["choices"][0]["message"]
+        out["wrong_reply"] += message.get("content") != reply_text(i, t)
+        messages += [message, {"role": "user", "content": user_text(i, t + 1, seed)}]
+
+
+async def client_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Open one connection per session, say "ready", wait for "go" on stdin, run every conversation."""
+    import aiohttp
+
+    urls, turns, seed = job["urls"], job["turns"], job["seed"]
+    out: dict[str, Any] = dict(answered=0, non200=0, failed=0, wrong_reply=0, first_error="", latency=[])
+    order = list(range(len(urls)))
+    random.Random(seed).shuffle(order)  # sessions start in a seeded order, not by index
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
+        async def warm(url: str) -> None:
+            async with http.get(f"{url}/models") as resp:
+                await resp.read()
+
+        await asyncio.gather(*(warm(u) for u in urls))
+        print("ready", flush=True)
+        sys.stdin.readline()  # blocking is fine: this loop has nothing else to do until "go"
+        c0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(converse(http, urls[i], i, turns, seed, out) for i in order))
+        out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+    lat = sorted(out.pop("latency")) or [float("nan")]
+    out["p50_ms"], out["p99_ms"] = median(lat) * 1e3, lat[int(0.99 * (len(lat) - 1))] * 1e3
+    return out
+
+
+def client_main() -> None:
+    for line in sys.stdin:
+        print(json.dumps(run_uvloop(client_job(json.loads(line)))), flush=True)
+
+
+# -- server process ----------------------------------------------------------------------------------------
+
+class MarkerEngine:
+    """In-memory GenerateFn: the rule's reply to the prompt's last marker, after one event-loop pass.
+    `own_s`: its own (synchronous) seconds; `waits`: per task, the seconds its await took."""
+
+    def __init__(self, fmt) -> None:
+        self.fmt, self.own_s, self.waits = fmt, 0.0, {}
+
+    async def generate(self, prompt_ids, max_tokens, temperature=1.0, top_p=1.0, seed=None):
+        from agentrl.rollout.engine import Generation
+
+        t0 = time.perf_counter()
+        i, t = MARK.findall(self.fmt.tokenizer.decode(prompt_ids[-TAIL:]))[-1]
+        ids = self.fmt.encode(reply_text(int(i), int(t)))[:max_tokens - 1] + [self.fmt.eos_id]
+        t1 = time.perf_counter()
+        await asyncio.sleep(0)
+        self.waits[asyncio.current_task()] = time.perf_counter() - t1
+        self.own_s += t1 - t0
+        return Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+
+
+class Breakdown:
+    """Wall seconds inside Session.plan_chat and Session.complete (less the engine's await), summed;
+    patched onto Session in this process only, for the real phase."""
+
+    def __init__(self, engine: MarkerEngine) -> None:
+        self.engine, self.plan_s, self.complete_s = engine, 0.0, 0.0
+
+    def install(self):
+        from agentrl.rollout.session import Session
+
+        plan, complete = Session.plan_chat, Session.complete
+
+        def timed_plan(session, req):
+            t0 = time.perf_counter()
+            try:
+                return plan(session, req)
+            finally:
+                self.plan_s += time.perf_counter() - t0
+
+        async def timed_complete(session, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return await complete(session, *args, **kwargs)
+            finally:
+                wait = self.engine.waits.pop(asyncio.current_task(), 0.0)
+                self.complete_s += time.perf_counter() - t0 - wait
+
+        Session.plan_chat, Session.complete = timed_plan, timed_complete
+
+        def restore() -> None:
+            Session.plan_chat, Session.complete = plan, complete
+        return restore
+
+
+@dataclass
+class Phase:
+    name: str
+    requests: int
+    wall_s: float
+    user_s: float
+    sys_s: float
+    client: dict[str, Any]
+
+    @property
+    def ms_per_request(self) -> float:
+        return (self.user_s + self.sys_s) * 1e3 / max(self.requests, 1)
+
+
+async def measured(proc, name: str, urls: list[str], turns: int, seed: int) -> Phase:
+    """One client job; this process's CPU and wall time between "go" and the client's result."""
+    proc.stdin.write(json.dumps({"urls": urls, "turns": turns, "seed": seed}).encode() + b"\n")
+    await proc.stdin.drain()
+    ready = await proc.stdout.readline()
+    if ready.strip() != b"ready":
+        raise RuntimeError(f"the client process did not start its job: {ready!r}")
+    r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    proc.stdin.write(b"go\n")
+    await proc.stdin.drain()
+    line = await proc.stdout.readline()
+    w1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    client = json.loads(line)
+    progress(f"{name}: {client['answered']} answered in {w1 - w0:.2f} s")
+    return Phase(name, len(urls) * turns, w1 - w0, r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime, client)
+
+
+def canned_app():
+    """The endpoint's routes on the same aiohttp stack with none of its work: JSON in, the rule's reply out."""
+    from aiohttp import web
+
+    from agentrl.rollout import openai_protocol as proto
+
+    async def chat(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        i, t = MARK.findall(body["messages"][-1]["content"])[-1]
+        message = {"role": "assistant", "content": reply_text(int(i), int(t))}
+        return web.json_response(proto.chat_response(proto.new_id("chatcmpl"), "agentrl", message, "stop",
+                                                     proto.usage(0, 0)))
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response(proto.models_response("agentrl"))
+
+    app = web.Application()
+    app.router.add_post("/sessions/{sid}/v1/chat/completions", chat)
+    app.router.add_get("/sessions/{sid}/v1/models", models)
+    return app
+
+
+async def canned_phase(proc, sids: list[str], turns: int, seed: int) -> Phase:
+    from aiohttp import web
+
+    runner = web.AppRunner(canned_app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, backlog=4096).start()
+    port = runner.addresses[0][1]
+    try:
+        return await measured(proc, "canned", [f"http://127.0.0.1:{port}/sessions/{s}/v1" for s in sids],
+                              turns, seed)
+    finally:
+        await runner.cleanup()
+
+
+def check_ledgers(fmt, sessions, turns: int, seed: int) -> tuple[int, int]:
+    """(sessions whose ledger is exactly their own conversation's, sessions holding another's marker)."""
+    from agentrl.chat import ledger_from_messages
+
+    exact = mixed = 0
+    for i, session in enumerate(sessions):
+        ep = session.ep
+        tokens, mask = ledger_from_messages(fmt, conversation(i, turns, seed))
+        exact += ep.tokens == tokens and ep.loss_mask == mask and not ep.segments
+        mixed += {int(s) for s in OWNER.findall(fmt.tokenizer.decode(ep.tokens))} != {i}
+    return exact, mixed
+
+
+async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    from agentrl.chat import ChatFormat
+    from agentrl.config import DefaultModelConfig, ServerConfig
+    from agentrl.default_model import build_tokenizer
+    from agentrl.rollout.openai_server import OpenAIServer
+    from agentrl.rollout.session import Limits
+    from agentrl.tools import get_tool_parser
+    from agentrl.types import Episode
+
+    fmt = ChatFormat(build_tokenizer(DefaultModelConfig(), tempfile.mkdtemp()))
+    engine = MarkerEngine(fmt)
+    server = OpenAIServer(fmt, ServerConfig(), get_tool_parser("hermes"), Limits(4096, 64, args.turns + 1))
+    await server.start()
+    sessions = [server.open_session(engine, Episode(f"s{i}", i)) for i in range(args.sessions)]
+    progress(f"server on {server.url}, {len(sessions)} sessions open; starting the client process")
+    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--client", stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, limit=2**24)
+    try:
+        breakdown = Breakdown(engine)
+        restore = breakdown.install()
+        try:
+            real = await measured(proc, "endpoint", [s.base_url for s in sessions], args.turns, args.seed)
+        finally:
+            restore()
+        canned = await canned_phase(proc, [s.sid for s in sessions], args.turns, args.seed)
+    finally:
+        proc.stdin.close()
+        await proc.wait()
+    progress("checking every ledger")
+    exact, mixed = check_ledgers(fmt, sessions, args.turns, args.seed)
+    stats = server.stats()
+    for s in sessions:
+        server.close_session(s.sid)
+    await server.stop()
+    return dict(real=real, canned=canned, breakdown=breakdown, exact=exact, mixed=mixed, stats=stats,
+                open_after=len(server.sessions))
+
+
+# -- report ------------------------------------------------------------------------------------------------
+
+def phase_row(p: Phase) -> list[str]:
+    c = p.client
+    return [p.name, f"{p.requests}", f"{c['answered']}", f"{c['non200']}", f"{c['failed']}", f"{c['wrong_reply']}",
+            f"{p.wall_s:.2f}", f"{p.requests / p.wall_s:.0f}", f"{p.ms_per_request:.3f}",
+            f"{p.user_s:.2f}/{p.sys_s:.2f}", f"{c['cpu_s']:.2f}", f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}"]
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> None:
+    real, canned, b = r["real"], r["canned"], r["breakdown"]
+    heads = ["handler", "requests", "answered", "non-200", "failed", "wrong reply", "wall s", "req/s",
+             "server CPU ms/req", "user/sys s", "client CPU s", "p50 ms", "p99 ms"]
+    print(table(heads, [phase_row(real), phase_row(canned)],
+                f"OpenAI endpoint: {args.sessions} concurrent sessions x {args.turns} turns, in-memory engine, "
+                "uvloop, clients in another process"), flush=True)
+    print()
+    n = real.requests
+    parts = [("HTTP + JSON floor (the canned handler's CPU)", canned.ms_per_request),
+             ("Session.plan_chat (wall)", b.plan_s * 1e3 / n),
+             ("Session.complete, less the engine (wall)", (b.complete_s - b.engine.own_s) * 1e3 / n),
+             ("in-memory engine stub: decode tail, encode reply (wall)", b.engine.own_s * 1e3 / n)]
+    rest = real.ms_per_request - sum(ms for _, ms in parts)
+    rows = [["server CPU, the whole endpoint", f"{real.ms_per_request:.3f}"]]
+    rows += [[f"  {name}", f"{ms:.3f}"] for name, ms in parts]
+    rows += [["  rest: parse_chat, session lookup and lock, response body", f"{rest:.3f}"]]
+    print(table(["per request (server process)", "ms"], rows, "Where a request's server time goes"), flush=True)
+    print()
+    cost = real.ms_per_request
+    print(f"event-loop cost per request: {cost:.3f} ms (goal < {GOAL_MS:g} ms): {cost / GOAL_MS:.2f}x the goal, "
+          f"{'met' if cost < GOAL_MS else 'NOT met'}")
+    print(f"every request answered: {'yes' if real.client['answered'] == n else 'NO'} "
+          f"({real.client['answered']}/{n}, server counted {r['stats'].get('ledger/requests', 0):.0f})")
+    print(f"ledgers exact: {r['exact']}/{args.sessions}")
+    print(f"sessions holding another session's text: {r['mixed']}; "
+          f"segments split: {r['stats'].get('ledger/segments_split', 0):.0f}; open after closing: {r['open_after']}")
+    if real.client["first_error"]:
+        print(f"first client error: {real.client['first_error']}")
+    sys.stdout.flush()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=1000, help="concurrent sessions")
+    parser.add_argument("--turns", type=int, default=4, help="chat requests per session")
+    parser.add_argument("--seed", type=int, default=0, help="user messages and the order sessions start in")
+    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # the client process
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    cli = parse_args()
+    if cli.client:
+        client_main()
+    else:
+        report(run_uvloop(serve_and_measure(cli)), cli)
