@@ -80,16 +80,20 @@ class _Plan:
     add: list[int]  # tokens appended before the generation
     split: str | None  # why a new segment starts, or None
     fresh: bool  # `add` is a whole first prompt
-    known: list[str] = field(default_factory=list)  # chat: the conversation's keys after this request
+    known: list[tuple] = field(default_factory=list)  # chat: the conversation's keys after this request
     messages: list[Message] = field(default_factory=list)  # chat: messages added to Episode.messages
     tools_key: str = ""  # chat: the tools the prompt was rendered with
     text: str = ""  # text completions: the ledger as text after this request's prompt
 
 
-def message_key(m: Message) -> str:
-    """What must match for a message to be the same one: role, text and tool calls (ids aside)."""
-    calls = [[c["name"], c["arguments"]] for c in m.get("tool_calls", [])]
-    return json.dumps([m["role"], m.get("content") or "", calls], sort_keys=True)
+def message_key(m: Message) -> tuple:
+    """What must match for a message to be the same one: role, text and tool calls (ids aside).
+    A tuple, not a JSON string: every request compares its whole conversation against the ledger's."""
+    calls = m.get("tool_calls")
+    if not calls:
+        return m["role"], m.get("content") or ""
+    return m["role"], m.get("content") or "", tuple(
+        (c["name"], json.dumps(c["arguments"], sort_keys=True)) for c in calls)
 
 
 def _hermes_call(name: str, args: dict[str, Any]) -> str:
@@ -104,10 +108,10 @@ class Session:
         self.base_url = ""  # set by the server: <url>/sessions/<sid>/v1
         self.seed: int | None = None  # the episode's seed: requests without one sample with seed*1000 + turn
         self.mode: str | None = None  # "chat" | "text", once the ledger holds a prompt
-        self.known: list[str] = []  # message_key of every message the ledger holds (chat)
+        self.known: list[tuple] = []  # message_key of every message the ledger holds (chat)
         self.tools_key = ""
         self.text = ""  # the ledger as text (text completions)
-        self.raw: dict[str, str] = {}  # key of a reply as returned -> what the model wrote
+        self.raw: dict[tuple, str] = {}  # key of a reply as returned -> what the model wrote
         self.call_names: dict[str, str] = {}  # tool_call_id -> function name
         self.ended = True  # the latest generation ended with EOS
         self.truncated = False
@@ -128,7 +132,7 @@ class Session:
             out["name"] = name
         return out
 
-    def _chat_problem(self, keys: list[str], tools_key: str, messages: list[Message]) -> str | None:
+    def _chat_problem(self, keys: list[tuple], tools_key: str, messages: list[Message]) -> str | None:
         if self.mode != "chat":
             return "the previous request was a text completion"
         if tools_key != self.tools_key:
