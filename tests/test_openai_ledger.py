@@ -275,3 +275,18 @@ def test_binds_loopback_and_checks_the_bearer_token(tiny_tokenizer):
     assert sockets == ["127.0.0.1"] and ServerConfig().host == "127.0.0.1"
     assert err.status_code == 401 and none.status_code == 401 and json.loads(none.text)["error"]["code"] == "invalid_api_key"
     assert ok.choices[0].message.content == "a"
+
+
+def test_streamed_text_completions_match_the_plain_ones(tiny_tokenizer):
+    async def run(stream: bool):
+        async with served(tiny_tokenizer, ["forty two", "x"]) as (srv, engine, _):
+            ep = Episode("t", 0)
+            client = client_for(srv.open_session(engine, ep).base_url)
+            out = await client.completions.create(model="m", prompt="Answer:", max_tokens=20, stream=stream)
+            if not stream:
+                return out.choices[0].text, out.choices[0].finish_reason, ep
+            chunks = [c async for c in out]
+            return "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason, ep
+    plain, streamed = asyncio.run(run(False)), asyncio.run(run(True))
+    assert plain[:2] == streamed[:2] == ("forty two", "stop")
+    assert plain[2].tokens == streamed[2].tokens and plain[2].loss_mask == streamed[2].loss_mask

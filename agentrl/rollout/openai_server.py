@@ -25,7 +25,7 @@ import json
 import logging
 import uuid
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
 
@@ -182,78 +182,76 @@ class OpenAIServer:
         return Session("", self.fmt, self.engine, Episode(task_id="", group_id=-1), self.limits, self.parser,
                        self.counters), asyncio.Lock()
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        req = proto.parse_chat(await self._body(request))
+    async def _serve(self, request: web.Request, req: Any, mode: str, whole: Callable[[Reply], dict],
+                     pieces: Callable[[str, bool], list[dict]], finish: Callable[[Reply, str], list[dict]]):
+        """One completion on the request's session: a JSON body (`whole`), or an event stream of
+        `pieces(text, first)` as text arrives, then `finish(reply, text streamed so far)`."""
         session, lock = self._session_for(request)
         self.counters["requests"] += 1
-        rid, model = proto.new_id("chatcmpl"), self.cfg.model_name
         async with lock:
-            plan = session.plan_chat(req)
+            plan = session.plan_chat(req) if mode == "chat" else session.plan_text(req)
             if not req.stream:
-                reply = await session.complete(plan, "chat", req.sampling)
-                message = {"role": "assistant", "content": reply.content}
-                if reply.tool_calls:
-                    message["tool_calls"] = proto.openai_tool_calls(reply.tool_calls)
-                use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
-                return web.json_response(proto.chat_response(rid, model, message, reply.finish_reason, use))
-            sse = _Sse(request)
-            streamed: list[str] = []
+                return web.json_response(whole(await session.complete(plan, mode, req.sampling)))
+            sse, streamed = _Sse(request), []
 
             async def on_text(text: str) -> None:
-                if not streamed:
-                    await sse.send(proto.chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+                for chunk in pieces(text, not streamed):
+                    await sse.send(chunk)
                 streamed.append(text)
-                await sse.send(proto.chat_chunk(rid, model, {"content": text}))
 
             try:
-                reply = await session.complete(plan, "chat", req.sampling, on_text)
+                reply = await session.complete(plan, mode, req.sampling, on_text)
             except ProtocolError as exc:
                 return await sse.fail(exc)
-            await self._finish_chat_stream(sse, rid, reply, "".join(streamed))
+            for chunk in finish(reply, "".join(streamed)):
+                await sse.send(chunk)
+            await sse.done()
             return sse.response
 
-    async def _finish_chat_stream(self, sse: "_Sse", rid: str, reply: Reply, streamed: str) -> None:
-        model = self.cfg.model_name
-        if not streamed:
-            await sse.send(proto.chat_chunk(rid, model, {"role": "assistant", "content": ""}))
-        rest = (reply.content or "")[len(streamed):] if (reply.content or "").startswith(streamed) else ""
-        if rest:
-            await sse.send(proto.chat_chunk(rid, model, {"content": rest}))
-        if reply.tool_calls:
-            calls = [{"index": i, **c} for i, c in enumerate(proto.openai_tool_calls(reply.tool_calls))]
-            await sse.send(proto.chat_chunk(rid, model, {"tool_calls": calls}))
-        use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
-        await sse.send(proto.chat_chunk(rid, model, {}, reply.finish_reason, use))
-        await sse.done()
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        req = proto.parse_chat(await self._body(request))
+        rid, model = proto.new_id("chatcmpl"), self.cfg.model_name
+        opening = {"role": "assistant", "content": ""}
+
+        def whole(reply: Reply) -> dict:
+            message = {"role": "assistant", "content": reply.content}
+            if reply.tool_calls:
+                message["tool_calls"] = proto.openai_tool_calls(reply.tool_calls)
+            use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
+            return proto.chat_response(rid, model, message, reply.finish_reason, use)
+
+        def pieces(text: str, first: bool) -> list[dict]:
+            return [proto.chat_chunk(rid, model, d) for d in ([opening] if first else []) + [{"content": text}]]
+
+        def finish(reply: Reply, streamed: str) -> list[dict]:
+            content = reply.content or ""
+            deltas = [] if streamed else [opening]
+            if content.startswith(streamed) and content[len(streamed):]:
+                deltas.append({"content": content[len(streamed):]})
+            if reply.tool_calls:
+                deltas.append({"tool_calls": [{"index": i, **c} for i, c in
+                                              enumerate(proto.openai_tool_calls(reply.tool_calls))]})
+            use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
+            return [proto.chat_chunk(rid, model, d) for d in deltas] + \
+                [proto.chat_chunk(rid, model, {}, reply.finish_reason, use)]
+
+        return await self._serve(request, req, "chat", whole, pieces, finish)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         req = proto.parse_completion(await self._body(request))
-        session, lock = self._session_for(request)
-        self.counters["requests"] += 1
         rid, model = proto.new_id("cmpl"), self.cfg.model_name
-        async with lock:
-            plan = session.plan_text(req)
-            if not req.stream:
-                reply = await session.complete(plan, "text", req.sampling)
-                use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
-                return web.json_response(proto.completion_response(rid, model, reply.text, reply.finish_reason, use))
-            sse = _Sse(request)
-            streamed: list[str] = []
 
-            async def on_text(text: str) -> None:
-                streamed.append(text)
-                await sse.send(proto.completion_response(rid, model, text, None, None))
-
-            try:
-                reply = await session.complete(plan, "text", req.sampling, on_text)
-            except ProtocolError as exc:
-                return await sse.fail(exc)
-            done = "".join(streamed)
-            rest = reply.text[len(done):] if reply.text.startswith(done) else ""
+        def whole(reply: Reply) -> dict:
             use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
-            await sse.send(proto.completion_response(rid, model, rest, reply.finish_reason, use))
-            await sse.done()
-            return sse.response
+            return proto.completion_response(rid, model, reply.text, reply.finish_reason, use)
+
+        def finish(reply: Reply, streamed: str) -> list[dict]:
+            rest = reply.text[len(streamed):] if reply.text.startswith(streamed) else ""
+            use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
+            return [proto.completion_response(rid, model, rest, reply.finish_reason, use)]
+
+        return await self._serve(request, req, "text", whole,
+                                 lambda text, first: [proto.completion_response(rid, model, text, None, None)], finish)
 
 
 class _Sse:
