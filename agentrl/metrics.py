@@ -40,7 +40,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # One INFO line per HTTP request (verifier, tool calls) would drown the training log.
-    for noisy in ("httpx", "httpcore"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 

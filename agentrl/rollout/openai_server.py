@@ -130,6 +130,12 @@ class OpenAIServer:
             return await handler(request)
         except ProtocolError as exc:
             return _error(exc)
+        except web.HTTPException:  # aiohttp's own 404/405 for unknown routes
+            raise
+        except Exception as exc:  # a bug here must still answer in OpenAI's shape, and be logged
+            log.exception("OpenAI endpoint: %s %s failed", request.method, request.path)
+            return _error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", None, 500,
+                                        kind="server_error"))
 
     async def _models(self, request: web.Request) -> web.Response:
         self._find(request)

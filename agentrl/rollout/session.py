@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
+from jinja2 import TemplateError
+
 from agentrl.chat import ChatFormat
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.openai_protocol import ChatRequest, CompletionRequest, ProtocolError, Sampling
@@ -155,10 +157,16 @@ class Session:
         split = self._chat_problem(keys, tools_key, req.messages) if tokens else None
         if tokens and split is None:
             new = [self._for_template(m) for m in req.messages[len(self.known):]]
-            add = ([] if self.ended else [self.fmt.eos_id]) + self.fmt.continuation(new)
-            return _Plan(tokens + add, add, None, False, keys, new, tools_key)
+            try:
+                add = ([] if self.ended else [self.fmt.eos_id]) + self.fmt.continuation(new)
+                return _Plan(tokens + add, add, None, False, keys, new, tools_key)
+            except ValueError as exc:  # the template rewrites history for these messages: render anew
+                split = str(exc)
         rendered = [self._for_template(m) for m in req.messages]
-        add = self.fmt.initial(rendered, tools=req.tools)
+        try:
+            add = self.fmt.initial(rendered, tools=req.tools)
+        except TemplateError as exc:
+            raise ProtocolError(f"the model's chat template cannot render these messages: {exc}", "messages") from None
         return _Plan(add, add, split, True, keys, rendered, tools_key)
 
     def plan_text(self, req: CompletionRequest) -> _Plan:
