@@ -130,7 +130,7 @@ class OpenAIServer:
             return await handler(request)
         except ProtocolError as exc:
             return _error(exc)
-        except web.HTTPException:  # aiohttp's own 404/405 for unknown routes
+        except (web.HTTPException, ConnectionError):  # aiohttp's 404/405; a client gone (an episode cancelled)
             raise
         except Exception as exc:  # a bug here must still answer in OpenAI's shape, and be logged
             log.exception("OpenAI endpoint: %s %s failed", request.method, request.path)

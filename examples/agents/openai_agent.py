@@ -21,6 +21,7 @@ Against a served model instead (`python -m agentrl.serve --model runs/openai_age
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -73,6 +74,18 @@ async def solve(client: Any, tools_http: httpx.AsyncClient, task: dict[str, Any]
     return {"reward": 0.0, "success": False, "tool_success": tool_success, "turns": max_turns}
 
 
+# One tool-server client per URL and event loop, shared by the episodes: making an httpx client
+# builds an SSL context (~20 ms), which per episode cost more than the rest of the agent's work.
+_TOOL_CLIENTS: dict[tuple[str, int], httpx.AsyncClient] = {}
+
+
+def tools_client(url: str, timeout_s: float) -> httpx.AsyncClient:
+    key = (url, id(asyncio.get_running_loop()))
+    if key not in _TOOL_CLIENTS:
+        _TOOL_CLIENTS[key] = httpx.AsyncClient(base_url=url, timeout=timeout_s)
+    return _TOOL_CLIENTS[key]
+
+
 class CalculatorAgent(AgentEnv):
     """`solve` as an AgentEnv; tasks are the calculator env's (`data.task_kwargs` as for it)."""
 
@@ -81,8 +94,8 @@ class CalculatorAgent(AgentEnv):
         self.timeout_s = timeout_s
 
     async def run(self, client: Any, task: dict[str, Any]) -> dict[str, Any]:
-        async with httpx.AsyncClient(base_url=self.tool_url, timeout=self.timeout_s) as tools_http:
-            return await solve(client, tools_http, task, self.max_turns, self.result_chars)
+        tools_http = tools_client(self.tool_url, self.timeout_s)
+        return await solve(client, tools_http, task, self.max_turns, self.result_chars)
 
     @classmethod
     def make_tasks(cls, n: int, seed: int, split: str, **kwargs: Any) -> list[dict[str, Any]]:
