@@ -43,15 +43,20 @@ def calculator_model(tmp_path_factory) -> str:
     return str(ensure_default_model(cfg))
 
 
-def test_calculator_env_trains_against_the_reference_tool_server(tmp_path, tool_server, calculator_model):
-    out = tmp_path / "run"
+def train(config: str, out: Path, model: str, tool_url: str, *overrides: str) -> subprocess.CompletedProcess:
+    """`python -m agentrl.train` on an example config, shortened: 16 held-out tasks, groups of 4, batches of 16."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
-    cmd = [sys.executable, "-m", "agentrl.train", "--config", "examples/agents/calculator.yaml",
-           f"model.path={calculator_model}", f"env.kwargs.tool_url={tool_server}", f"train.out_dir={out}",
-           "train.steps=3", "data.eval_tasks=16", "rollout.n_samples=4", "buffer.batch_size=16",
-           "train.save_model=false"]
+    cmd = [sys.executable, "-m", "agentrl.train", "--config", config, f"model.path={model}",
+           f"env.kwargs.tool_url={tool_url}", f"train.out_dir={out}", "data.eval_tasks=16", "rollout.n_samples=4",
+           "buffer.batch_size=16", "train.save_model=false", *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def test_calculator_env_trains_against_the_reference_tool_server(tmp_path, tool_server, calculator_model):
+    out = tmp_path / "run"
+    proc = train("examples/agents/calculator.yaml", out, calculator_model, tool_server, "train.steps=3")
 
     summary = json.loads((out / "summary.json").read_text())
     for key in ("eval_before", "eval_after"):
@@ -78,14 +83,8 @@ def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_
     from agentrl.chat import ChatFormat, ledger_from_messages, load_tokenizer
 
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
-    cmd = [sys.executable, "-m", "agentrl.train", "--config", "examples/agents/openai_agent.yaml",
-           f"model.path={calculator_model}", f"env.kwargs.tool_url={tool_server}", f"train.out_dir={out}",
-           "train.steps=2", "data.eval_tasks=16", "rollout.n_samples=4", "buffer.batch_size=16",
-           "train.save_model=false", "train.save_rollouts=true"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-
+    train("examples/agents/openai_agent.yaml", out, calculator_model, tool_server, "train.steps=2",
+          "train.save_rollouts=true")
     summary = json.loads((out / "summary.json").read_text())
     for key in ("eval_before", "eval_after"):
         assert summary[key]["n"] == 16 and summary[key]["failed"] == {}, summary[key]
@@ -97,8 +96,13 @@ def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_
     fmt = ChatFormat(load_tokenizer(calculator_model))
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == 32
-    for ep in rollouts:
+    # A turn that decodes to an incomplete UTF-8 character ("\ufffd") cannot be re-encoded from its text;
+    # the ledger holds its sampled tokens, so only the others can be compared with a re-rendering.
+    readable = [ep for ep in rollouts if not any("\ufffd" in m["content"] for m in ep["messages"])]
+    assert len(readable) >= 16
+    for ep in readable:
         tokens, mask = ledger_from_messages(fmt, ep["messages"])
         n = len(ep["tokens"])  # an episode cut at the context length keeps its prefix
-        assert ep["tokens"] == tokens[:n] and ep["loss_mask"] == mask[:n] and not ep["segments"]
-        assert all(v >= 0 for v, m in zip(ep["versions"], ep["loss_mask"]) if m)
+        assert ep["tokens"] == tokens[:n] and ep["loss_mask"] == mask[:n]
+    for ep in rollouts:
+        assert not ep["segments"] and all(v >= 0 for v, m in zip(ep["versions"], ep["loss_mask"]) if m)
