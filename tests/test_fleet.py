@@ -185,3 +185,19 @@ def test_a_restart_whose_weights_are_replaced_meanwhile_loads_the_newer_ones():
         await fleet.wait_restarts()
         assert m.healthy and m.restarts == 1 and m.version == 2 and m.loaded[-1] == ("blob-v2", 2)
     asyncio.run(run())
+
+
+def test_an_engine_outside_this_process_streams_its_turn_in_one_piece_and_reports_its_death():
+    async def run():
+        fleet = make(2)
+        await fleet.start()
+        async with fleet.lease() as engine:
+            chunks = [g async for g in engine.stream([1], 4)]
+            assert [(g.token_ids, g.versions, g.finish_reason) for g in chunks] == [([engine.member.index], [0], "stop")]
+            engine.member.dead = True
+            with pytest.raises(Dead):
+                [g async for g in engine.stream([1], 4)]
+            assert not engine.member.healthy  # reported to the fleet, which restarts it
+        await fleet.wait_restarts()
+        assert all(m.healthy for m in fleet.members)
+    asyncio.run(run())
