@@ -1,6 +1,6 @@
 """Scale-out: rollout tokens/s with 2 vLLM engines vs 1, and wall-clock to a held-out score, async vs sync.
 
-    python bench/scale_out.py [--model default] [--episodes 256] [--rounds 2] [--steps 100] [--delta 0.03]
+    python bench/scale_out.py [--model default] [--episodes 256] [--rounds 2] [--steps 100] [--deltas 0.01,0.02,0.03]
 
 The workload is long-tailed and multi-turn: guess-the-number with up to 16 turns (`max_turns: 16`),
 a reward of 1 - turn_penalty * (t - 1) for finding the number at turn t, so both how often and how
@@ -12,9 +12,10 @@ Part 1: the same seeded episodes (`RolloutPool.evaluate`) on a Ray fleet of 1 en
   tokens/s per round and the ratio of the medians.
 Part 2: two training runs of the real CLI from the same model on this workload, `max_staleness: 0`
   (synchronous: generation waits for every step and every push) and `max_staleness: 4` (asynchronous;
-  both with `algo.mode=bypass`, see WORKLOAD), evaluated every `--eval-every` steps on the same held-out tasks. Prints, for
-  each, the wall-clock from the start of training until the held-out score first reaches the warm
-  start's score + `--delta`, and both runs' final scores; the ratio sync / async is the speed-up.
+  both with `algo.mode=bypass`, see WORKLOAD), evaluated every `--eval-every` steps on the same held-out tasks. Prints
+  both eval curves, and for each target (the warm start's score + each of `--deltas`) the wall-clock
+  from the start of training until each run's held-out score first reaches it, with the ratio
+  sync / async (the speed-up) where both do; and both runs' final scores.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="part 1: timed rounds per fleet size")
     ap.add_argument("--steps", type=int, default=100, help="part 2: learner steps per run")
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--delta", type=float, default=0.03, help="part 2: target = warm-start score + delta")
+    ap.add_argument("--deltas", default="0.01,0.02,0.03", help="part 2: targets = warm-start score + each delta")
     ap.add_argument("--skip", choices=["fleet", "train"], help="run one part only")
     ap.add_argument("--extra", nargs="*", default=[], help="part 2: more dotted overrides for both runs")
     args = ap.parse_args()
@@ -129,18 +130,24 @@ def main() -> None:
             runs = {s: train_run(model, s, args.steps, args.eval_every, Path(tmp) / f"s{s}", args.extra)
                     for s in (0, 4)}
         before = runs[0]["summary"]["eval_before"]["score"]
-        target = before + args.delta
+        curves = [[f"max_staleness {s}"] + [f"{r['step'] + 1}: {r['eval_score']:.3f} @{r['elapsed_s']:.0f}s"
+                                            for r in run["records"] if r.get("eval_score") is not None]
+                  for s, run in runs.items()]
+        print(f"\nPart 2: {args.steps} steps; held-out eval every {args.eval_every} steps (step: score @elapsed)")
+        for curve in curves:
+            print("  " + "  ".join(curve))
         rows = []
+        for delta in (float(d) for d in args.deltas.split(",")):
+            target = before + delta
+            t_sync, t_async = (time_to(runs[s]["records"], target) for s in (0, 4))
+            ratio = f"{t_sync / t_async:.2f}" if t_sync and t_async else "-"
+            rows.append([f"+{delta:.3f} = {target:.3f}", "not reached" if t_sync is None else f"{t_sync:.0f} s",
+                         "not reached" if t_async is None else f"{t_async:.0f} s", ratio])
+        print(table(["target (warm start + delta)", "sync (staleness 0)", "async (staleness 4)", "sync / async"],
+                    rows, f"\nwall-clock to each target (warm start {before:.3f})"))
         for s, run in runs.items():
-            t = time_to(run["records"], target)
-            rows.append([f"max_staleness {s}", f"{run['summary']['eval_before']['score']:.3f}",
-                         "not reached" if t is None else f"{t:.0f} s", f"{run['summary']['eval_after']['score']:.3f}",
-                         f"{run['summary']['train']['seconds']:.0f} s"])
-        print(table(["run", "warm start", f"time to {target:.3f}", "final score", "RL time"], rows,
-                    f"\nPart 2: {args.steps} steps, held-out eval every {args.eval_every} steps"))
-        t_sync, t_async = (time_to(runs[s]["records"], target) for s in (0, 4))
-        if t_sync and t_async:
-            print(f"  async speed-up to the target (sync / async) = {t_sync / t_async:.2f}")
+            print(f"  max_staleness {s}: final score {run['summary']['eval_after']['score']:.3f}, "
+                  f"RL time {run['summary']['train']['seconds']:.0f} s")
         steps_s = [runs[s]["summary"]["train"]["seconds"] / args.steps for s in (0, 4)]
         print(f"  seconds per step: sync {steps_s[0]:.2f}, async {steps_s[1]:.2f} -> {steps_s[0] / steps_s[1]:.2f}x")
 
