@@ -49,7 +49,8 @@ class Episode:
     """One rollout of one Env instance, built token-in/token-out.
 
     `tokens` ... `versions` are the current segment of the ledger; an episode is one segment unless
-    its agent rewrote history (then the earlier ones are in `segments`, oldest first)."""
+    its agent rewrote history (then the earlier ones are in `segments`, oldest first). `turns` holds
+    every model turn of the episode; a turn's `start` indexes the segment it was sampled in."""
 
     task_id: str
     group_id: int  # episodes sharing a task and a group baseline share this id
