@@ -1,6 +1,7 @@
 """Scale-out: rollout tokens/s with 2 vLLM engines vs 1, and wall-clock to a held-out score, async vs sync.
 
     python bench/scale_out.py [--model default] [--episodes 256] [--rounds 2] [--steps 100] [--deltas 0.01,0.02,0.03]
+                              [--seeds 0,1] [--out DIR] [--extra algo.dual_clip=3 ...]
 
 The workload is long-tailed and multi-turn: guess-the-number with up to 16 turns (`max_turns: 16`),
 a reward of 1 - turn_penalty * (t - 1) for finding the number at turn t, so both how often and how
@@ -15,7 +16,10 @@ Part 2: two training runs of the real CLI from the same model on this workload, 
   both with `algo.mode=bypass`, see WORKLOAD), evaluated every `--eval-every` steps on the same held-out tasks. Prints
   both eval curves, and for each target (the warm start's score + each of `--deltas`) the wall-clock
   from the start of training until each run's held-out score first reaches it, with the ratio
-  sync / async (the speed-up) where both do; and both runs' final scores.
+  sync / async (the speed-up) where both do; and both runs' final scores. With several `--seeds`
+  (engine sampling and learner seed; the held-out tasks stay the same) each seed gets its own pair of
+  runs and table, then the median speed-up per target over the seeds where both runs reached it.
+  `--out DIR` keeps every run's folder (metrics.jsonl, summary.json) for diagnosis.
 """
 
 from __future__ import annotations
@@ -81,14 +85,15 @@ async def fleet_round_rates(model: str, engines: int, episodes: int, rounds: int
         disconnect()
 
 
-def train_run(model: str, staleness: int, steps: int, eval_every: int, out: Path, extra: list[str]) -> dict:
+def train_run(model: str, staleness: int, seed: int, steps: int, eval_every: int, out: Path,
+              extra: list[str]) -> dict:
     """One CLI run; returns its summary and step records (each with `elapsed_s`, some with `eval_score`)."""
     cmd = [sys.executable, "-m", "agentrl.train", "--config", "examples/agents/guess_number.yaml",
            f"model.path={model}", f"train.out_dir={out}", f"train.steps={steps}",
            f"train.eval_every={eval_every}", f"buffer.max_staleness={staleness}", "train.save_model=false",
-           *WORKLOAD, *extra]
+           f"engine.seed={seed}", f"train.seed={seed}", *WORKLOAD, *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
-    progress(f"training, max_staleness {staleness}: {' '.join(cmd[3:])}")
+    progress(f"training, max_staleness {staleness}, seed {seed}: {' '.join(cmd[3:])}")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(proc.stderr[-4000:])
@@ -113,6 +118,8 @@ def main() -> None:
     ap.add_argument("--deltas", default="0.01,0.02,0.03", help="part 2: targets = warm-start score + each delta")
     ap.add_argument("--skip", choices=["fleet", "train"], help="run one part only")
     ap.add_argument("--extra", nargs="*", default=[], help="part 2: more dotted overrides for both runs")
+    ap.add_argument("--seeds", default="0", help="part 2: one pair of runs per seed (engine.seed, train.seed)")
+    ap.add_argument("--out", help="part 2: keep the run folders here (default: a temporary folder)")
     args = ap.parse_args()
     model = resolve_model(args.model)
 
@@ -126,31 +133,48 @@ def main() -> None:
         print(f"  2 engines / 1 engine = {median(two) / median(one):.3f}")
 
     if args.skip != "train":
+        seeds = [int(x) for x in args.seeds.split(",")]
+        deltas = [float(d) for d in args.deltas.split(",")]
         with tempfile.TemporaryDirectory() as tmp:
-            runs = {s: train_run(model, s, args.steps, args.eval_every, Path(tmp) / f"s{s}", args.extra)
-                    for s in (0, 4)}
-        before = runs[0]["summary"]["eval_before"]["score"]
-        curves = [[f"max_staleness {s}"] + [f"{r['step'] + 1}: {r['eval_score']:.3f} @{r['elapsed_s']:.0f}s"
-                                            for r in run["records"] if r.get("eval_score") is not None]
-                  for s, run in runs.items()]
-        print(f"\nPart 2: {args.steps} steps; held-out eval every {args.eval_every} steps (step: score @elapsed)")
-        for curve in curves:
-            print("  " + "  ".join(curve))
-        rows = []
-        for delta in (float(d) for d in args.deltas.split(",")):
-            target = before + delta
-            t_sync, t_async = (time_to(runs[s]["records"], target) for s in (0, 4))
-            ratio = f"{t_sync / t_async:.2f}" if t_sync and t_async else "-"
-            rows.append([f"+{delta:.3f} = {target:.3f}", "not reached" if t_sync is None else f"{t_sync:.0f} s",
-                         "not reached" if t_async is None else f"{t_async:.0f} s", ratio])
-        print(table(["target (warm start + delta)", "sync (staleness 0)", "async (staleness 4)", "sync / async"],
-                    rows, f"\nwall-clock to each target (warm start {before:.3f})"))
-        for s, run in runs.items():
-            print(f"  max_staleness {s}: final score {run['summary']['eval_after']['score']:.3f}, "
-                  f"RL time {run['summary']['train']['seconds']:.0f} s")
-        steps_s = [runs[s]["summary"]["train"]["seconds"] / args.steps for s in (0, 4)]
-        print(f"  seconds per step: sync {steps_s[0]:.2f}, async {steps_s[1]:.2f} -> {steps_s[0] / steps_s[1]:.2f}x")
+            root = Path(args.out) if args.out else Path(tmp)
+            ratios = {d: [] for d in deltas}
+            for seed in seeds:
+                runs = {s: train_run(model, s, seed, args.steps, args.eval_every, root / f"seed{seed}-s{s}",
+                                     args.extra) for s in (0, 4)}
+                for d, r in report_pair(runs, args.steps, args.eval_every, deltas, seed).items():
+                    ratios[d].append(r)
+        if len(seeds) > 1:
+            rows = [[f"+{d:.3f}", " ".join("-" if r is None else f"{r:.2f}" for r in rs),
+                     f"{median([r for r in rs if r is not None]):.2f}" if any(r is not None for r in rs) else "-"]
+                    for d, rs in ratios.items()]
+            print(table(["target", "sync / async per seed", "median (seeds where both reached it)"], rows,
+                        f"\nspeed-up over seeds {seeds}"))
 
+
+def report_pair(runs: dict[int, dict], steps: int, eval_every: int, deltas: list[float],
+                seed: int) -> dict[float, float | None]:
+    """Print one seed's two eval curves and wall-clock table; returns sync / async per delta."""
+    before = runs[0]["summary"]["eval_before"]["score"]
+    print(f"\nPart 2, seed {seed}: {steps} steps; held-out eval every {eval_every} steps (step: score @elapsed)")
+    for s, run in runs.items():
+        print(f"  max_staleness {s}  " + "  ".join(f"{r['step'] + 1}: {r['eval_score']:.3f} @{r['elapsed_s']:.0f}s"
+                                                  for r in run["records"] if r.get("eval_score") is not None))
+    rows, ratios = [], {}
+    for delta in deltas:
+        target = before + delta
+        t_sync, t_async = (time_to(runs[s]["records"], target) for s in (0, 4))
+        ratios[delta] = t_sync / t_async if t_sync and t_async else None
+        rows.append([f"+{delta:.3f} = {target:.3f}", "not reached" if t_sync is None else f"{t_sync:.0f} s",
+                     "not reached" if t_async is None else f"{t_async:.0f} s",
+                     "-" if ratios[delta] is None else f"{ratios[delta]:.2f}"])
+    print(table(["target (warm start + delta)", "sync (staleness 0)", "async (staleness 4)", "sync / async"],
+                rows, f"\nwall-clock to each target (warm start {before:.3f})"))
+    for s, run in runs.items():
+        print(f"  max_staleness {s}: final score {run['summary']['eval_after']['score']:.3f}, "
+              f"RL time {run['summary']['train']['seconds']:.0f} s")
+    steps_s = [runs[s]["summary"]["train"]["seconds"] / steps for s in (0, 4)]
+    print(f"  seconds per step: sync {steps_s[0]:.2f}, async {steps_s[1]:.2f} -> {steps_s[0] / steps_s[1]:.2f}x")
+    return ratios
 
 if __name__ == "__main__":
     main()
