@@ -192,7 +192,7 @@ def test_training_sessions_keep_the_runs_sampling_and_count_overrides(tiny_token
     engine, stats, session, out, err = asyncio.run(run())
     first, second = engine.calls
     assert (first.temperature, first.top_p, first.max_tokens, first.seed) == (0.7, 0.9, 6, 3000)
-    assert second.seed == 11 and stats["ledger/sampling_overridden"] == 1
+    assert second.seed == 11 and stats["ledger/sampling_overridden"] == 1 and stats["ledger/max_tokens_capped"] == 1
     assert out.choices[0].finish_reason == "length" and session.truncated
     assert err.status_code == 400 and err.body["code"] == "context_length_exceeded"
 

@@ -18,7 +18,7 @@ import math
 import traceback
 from typing import Any
 
-from agentrl.rollout.episode import trim_to_context
+from agentrl.rollout.episode import finish_episode, new_episode
 from agentrl.rollout.session import Limits
 from agentrl.types import Episode
 
@@ -32,19 +32,6 @@ def make_server(spec: Any, engine: Any, server_cfg: Any) -> Any:
     limits = Limits(spec.max_model_len, cfg.max_tokens_per_turn, cfg.max_turns, cfg.temperature, cfg.top_p,
                     cfg.turn_timeout_s)
     return OpenAIServer(spec.fmt, server_cfg, get_tool_parser(cfg.tool_parser), limits, engine)
-
-
-def _client(server: Any, base_url: str, timeout_s: float) -> Any:
-    """A client on the session's URL sharing one connection pool per server. No retries: a failed
-    request has already ended the episode's ledger where it failed."""
-    import openai
-
-    base = getattr(server, "_openai_client", None)
-    if base is None:
-        base = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.cfg.api_key or "agentrl",
-                                  max_retries=0, timeout=timeout_s)
-        server._openai_client = base
-    return base.with_options(base_url=base_url)
 
 
 def _take_result(ep: Episode, result: Any) -> None:
@@ -65,14 +52,13 @@ def _take_result(ep: Episode, result: Any) -> None:
 async def run_agent_episode(task: dict[str, Any], engine: Any, spec: Any, group_id: int = 0,
                             seed: int | None = None) -> Episode:
     """Play one AgentEnv episode. Never raises for agent or engine failures: they set `status`/`error`."""
-    ep = Episode(task_id=str(task.get("id", "")), group_id=group_id,
-                 info={"task": task, "tool_calls": 0, "tool_parse_errors": 0, "tool_call_turns": 0})
+    ep = new_episode(task, group_id)
     server = spec.server
     session = server.open_session(engine, ep)
     session.seed = seed
     agent = None
     try:
-        client = _client(server, session.base_url, spec.cfg.turn_timeout_s + 5.0)
+        client = server.client(session.base_url, spec.cfg.turn_timeout_s + 5.0)
         async with asyncio.timeout(spec.cfg.episode_timeout_s):
             agent = spec.env_cls(**spec.env_kwargs)
             result = await agent.run(client, task)
@@ -89,12 +75,7 @@ async def run_agent_episode(task: dict[str, Any], engine: Any, spec: Any, group_
         _set_status(ep, session, exc)
     finally:
         server.close_session(session.sid)
-        trim_to_context(ep, spec.max_model_len)
-        if agent is not None:
-            try:
-                await asyncio.wait_for(agent.close(), spec.cfg.turn_timeout_s)
-            except Exception as exc:
-                ep.info["close_error"] = repr(exc)
+        await finish_episode(ep, agent, spec)
     return ep
 
 

@@ -96,6 +96,23 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
     ep.status = "truncated"
 
 
+def new_episode(task: dict[str, Any], group_id: int) -> Episode:
+    """An empty episode for `task`, with the tool-call counters `record_tool_turn` adds to."""
+    return Episode(task_id=str(task.get("id", "")), group_id=group_id,
+                   info={"task": task, "tool_calls": 0, "tool_parse_errors": 0, "tool_call_turns": 0})
+
+
+async def finish_episode(ep: Episode, env: Any, spec: EpisodeSpec) -> None:
+    """Trim the ledger to the context and close the env (or agent) under the turn deadline; a failing
+    close() is recorded in `info` but keeps the episode's result."""
+    trim_to_context(ep, spec.max_model_len)
+    if env is not None:
+        try:
+            await asyncio.wait_for(env.close(), spec.cfg.turn_timeout_s)
+        except Exception as exc:
+            ep.info["close_error"] = repr(exc)
+
+
 def trim_to_context(ep: Episode, max_len: int) -> None:
     """Drop trailing env tokens past the context length (only unmasked env text can be there, since
     each generation budget is capped by it); they carry nothing to train on."""
@@ -111,8 +128,7 @@ async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpe
         from agentrl.rollout.agent_episode import run_agent_episode
 
         return await run_agent_episode(task, engine, spec, group_id, seed)
-    ep = Episode(task_id=str(task.get("id", "")), group_id=group_id,
-                 info={"task": task, "tool_calls": 0, "tool_parse_errors": 0, "tool_call_turns": 0})
+    ep = new_episode(task, group_id)
     env: Env | None = None
     try:
         async with asyncio.timeout(spec.cfg.episode_timeout_s):
@@ -126,10 +142,5 @@ async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpe
         ep.status = "env_error"
         ep.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     finally:
-        trim_to_context(ep, spec.max_model_len)
-        if env is not None:
-            try:
-                await asyncio.wait_for(env.close(), spec.cfg.turn_timeout_s)
-            except Exception as exc:  # a failing close() is recorded but keeps the episode's result
-                ep.info["close_error"] = repr(exc)
+        await finish_episode(ep, env, spec)
     return ep

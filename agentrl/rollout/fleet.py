@@ -52,6 +52,8 @@ class Member:
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def generate(self, *args) -> Generation: ...
+    async def stream(self, *args) -> AsyncIterator[Generation]:  # deltas; a Ray engine's turn is one piece
+        yield await self.generate(*args)
     async def load_weights(self, handover: Any, version: int) -> float: ...
     async def alive(self) -> bool: ...
     def is_death(self, exc: BaseException) -> bool:
@@ -80,6 +82,10 @@ class LocalMember(Member):
 
     async def generate(self, *args) -> Generation:
         return await self.engine.generate(*args)
+
+    async def stream(self, *args) -> AsyncIterator[Generation]:
+        async for delta in self.engine.stream(*args):
+            yield delta
 
     async def load_weights(self, handover: Any, version: int) -> float:
         return await self.engine.load_weights_file(str(handover), version)
@@ -155,15 +161,12 @@ class _Leased:
 
     async def stream(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                      top_p: float = 1.0, seed: int | None = None) -> AsyncIterator[Generation]:
-        """`generate` as it happens on an engine in this process; a Ray engine's turn comes in one piece."""
+        """`generate` as it happens (`Member.stream`: a Ray engine's turn comes in one piece)."""
         member = self.member
-        if not isinstance(member, LocalMember):
-            yield await self.generate(prompt_ids, max_tokens, temperature, top_p, seed)
-            return
         if not member.healthy:
             raise RuntimeError(f"engine {member.index} died earlier in this episode")
         try:
-            async for delta in member.engine.stream(prompt_ids, max_tokens, temperature, top_p, seed):
+            async for delta in member.stream(prompt_ids, max_tokens, temperature, top_p, seed):
                 yield delta
         except Exception as exc:
             await self.fleet.report_failure(member, exc)

@@ -19,7 +19,6 @@ Binds 127.0.0.1 unless told otherwise; with `api_key` set, a request without
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
@@ -54,9 +53,9 @@ class OpenAIServer:
                  engine: Any = None) -> None:
         self.fmt, self.cfg, self.parser, self.limits, self.engine = fmt, cfg, parser, limits, engine
         self.sessions: dict[str, Session] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self.counters: Counter[str] = Counter(segments_split=0, sampling_overridden=0)
+        self.counters: Counter[str] = Counter(segments_split=0, sampling_overridden=0, max_tokens_capped=0)
         self._runner: web.AppRunner | None = None
+        self._client: Any = None  # the openai.AsyncOpenAI AgentEnv episodes share (`client`)
         self.port = cfg.port
         self.app = self._app()
 
@@ -82,6 +81,9 @@ class OpenAIServer:
         log.info("OpenAI endpoint on %s (model %r)", self.url, self.cfg.model_name)
 
     async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -90,6 +92,16 @@ class OpenAIServer:
     def url(self) -> str:
         host = "127.0.0.1" if self.cfg.host in ("0.0.0.0", "") else self.cfg.host
         return f"http://{host}:{self.port}"
+
+    def client(self, base_url: str, timeout_s: float) -> Any:
+        """An `openai.AsyncOpenAI` on `base_url` (a session's) sharing one connection pool per server,
+        closed by `stop()`. No retries: a failed request has already ended the ledger where it failed."""
+        import openai
+
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.cfg.api_key or "agentrl",
+                                              max_retries=0, timeout=timeout_s)
+        return self._client.with_options(base_url=base_url)
 
     # -- sessions ------------------------------------------------------------------------------------
 
@@ -102,16 +114,15 @@ class OpenAIServer:
         session = Session(sid, self.fmt, engine, episode, limits or self.limits, self.parser, self.counters)
         session.base_url = f"{self.url}/sessions/{sid}/v1"
         self.sessions[sid] = session
-        self._locks[sid] = asyncio.Lock()
         self.counters["sessions"] += 1
         return session
 
     def close_session(self, sid: str) -> Session | None:
-        self._locks.pop(sid, None)
         return self.sessions.pop(sid, None)
 
     def stats(self) -> dict[str, float]:
-        """Counters since start: `ledger/segments_split`, `ledger/sampling_overridden`, requests, sessions."""
+        """Counters since start: `ledger/segments_split`, `ledger/sampling_overridden`,
+        `ledger/max_tokens_capped` (requests asking for more than the per-turn cap), requests, sessions."""
         return {f"ledger/{k}": float(v) for k, v in sorted(self.counters.items())}
 
     # -- middleware and small routes -------------------------------------------------------------------
@@ -178,23 +189,23 @@ class OpenAIServer:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
 
-    def _session_for(self, request: web.Request) -> tuple[Session, asyncio.Lock]:
+    def _session_for(self, request: web.Request) -> Session:
         session = self._find(request)
         if session is not None:
-            return session, self._locks[session.sid]
+            return session
         if self.engine is None:
             raise ProtocolError("requests outside a session are not served here; use the session's base URL",
                                 None, 404, "session_not_found")
         return Session("", self.fmt, self.engine, Episode(task_id="", group_id=-1), self.limits, self.parser,
-                       self.counters), asyncio.Lock()
+                       self.counters)
 
     async def _serve(self, request: web.Request, req: Any, mode: str, whole: Callable[[Reply], dict],
                      pieces: Callable[[str, bool], list[dict]], finish: Callable[[Reply, str], list[dict]]):
         """One completion on the request's session: a JSON body (`whole`), or an event stream of
         `pieces(text, first)` as text arrives, then `finish(reply, text streamed so far)`."""
-        session, lock = self._session_for(request)
+        session = self._session_for(request)
         self.counters["requests"] += 1
-        async with lock:
+        async with session.lock:
             plan = session.plan_chat(req) if mode == "chat" else session.plan_text(req)
             if not req.stream:
                 return web.json_response(whole(await session.complete(plan, mode, req.sampling)))

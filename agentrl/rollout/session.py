@@ -120,13 +120,16 @@ class Session:
         self.timed_out = False
         self.engine_error: str | None = None
         self.requests = 0
+        self.lock = asyncio.Lock()  # the server serves one request of a session at a time, in arrival order
 
     # -- planning: how a request extends (or splits) the ledger ------------------------------------
 
-    def _for_template(self, m: Message) -> Message:
+    def _for_template(self, m: Message, key: tuple) -> Message:
+        """`m` as the template renders it; `key` is its `message_key`. The model's replies are rendered
+        as it wrote them (tool calls included), so the rendering matches the sampled tokens' text."""
         out = {"role": m["role"], "content": m.get("content") or ""}
         if m["role"] == "assistant":
-            raw = self.raw.get(message_key(m))
+            raw = self.raw.get(key)
             out["content"] = raw if raw is not None else out["content"] + "".join(
                 _hermes_call(c["name"], c["arguments"]) for c in m.get("tool_calls", []))
         name = m.get("name") or self.call_names.get(m.get("tool_call_id") or "")
@@ -156,13 +159,14 @@ class Session:
         tokens = self.ep.tokens
         split = self._chat_problem(keys, tools_key, req.messages) if tokens else None
         if tokens and split is None:
-            new = [self._for_template(m) for m in req.messages[len(self.known):]]
+            n = len(self.known)
+            new = [self._for_template(m, k) for m, k in zip(req.messages[n:], keys[n:])]
             try:
                 add = ([] if self.ended else [self.fmt.eos_id]) + self.fmt.continuation(new)
                 return _Plan(tokens + add, add, None, False, keys, new, tools_key)
             except ValueError as exc:  # the template rewrites history for these messages: render anew
                 split = str(exc)
-        rendered = [self._for_template(m) for m in req.messages]
+        rendered = [self._for_template(m, k) for m, k in zip(req.messages, keys)]
         try:
             add = self.fmt.initial(rendered, tools=req.tools)
         except TemplateError as exc:
@@ -229,6 +233,8 @@ class Session:
             self.truncated = True
             raise ContextFull(f"the conversation is {len(plan.prompt)} tokens; the context holds "
                               f"{self.limits.max_model_len}")
+        if s.max_tokens is not None and s.max_tokens > self.limits.max_tokens:  # visible, not silent
+            self.counters["max_tokens_capped"] += 1
         return min(room, self.limits.max_tokens, s.max_tokens or self.limits.max_tokens)
 
     async def _sample(self, prompt: list[int], budget: int, s: Sampling, on_text: OnText | None) -> Generation:
