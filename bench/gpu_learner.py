@@ -2,6 +2,7 @@
 same batch, weights written as safetensors, so a GPU step can be compared with the CPU one.
 
     python bench/gpu_learner.py --model DIR --out DIR              # one step per configuration
+    python bench/gpu_learner.py --ray --model DIR --out DIR        # the same, through Ray learner ranks
     python bench/gpu_learner.py --compare CPU_DIR GPU_DIR          # max |w_gpu - w_cpu| per configuration
 
 Configurations: ZeRO 0 and ZeRO 3 in float32 with the reference model and KL (against a CPU reference
@@ -9,6 +10,11 @@ they must agree to float32 rounding: the GPU runs without TF32), ZeRO 2 in bfloa
 and GAE (checked for finite weights and a loss, not compared: bf16 rounds differently per device).
 On CUDA the learner's process group is nccl (agentrl.learner.dist); here it is gloo. Each line
 reports the device, the backend, the step's loss and seconds.
+
+--ray builds the learner as train.py does for `cluster.backend=ray`: a local Ray (agentrl.cluster.connect,
+never a cluster already running here), one `LearnerRank` actor holding 1 GPU when there is one (its own
+world-size-1 group, nccl on CUDA), the batch through the object store and the weights back as
+`RayLearner.publish` hands them to engines. Its files compare with a plain run's.
 """
 
 from __future__ import annotations
@@ -48,17 +54,26 @@ def batch():
     return TrainBatch.from_episodes(eps, None, 0)
 
 
-def one_step(model: str, name: str, out: Path) -> dict:
-    from safetensors.torch import save_file
+def make_learner(model: str, name: str):
+    import torch  # a local name: a Ray rank gets this function by value, and torch.backends.cudnn won't pickle
 
     from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
     from agentrl.learner.rl import Learner
 
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32: comparable with the CPU step
+        torch.backends.cudnn.allow_tf32 = False
     spec = CONFIGS[name]
     algo = AlgoConfig(**spec["algo"])
     cfg = LearnerConfig(lr=5e-3, zero_stage=spec["zero_stage"], dtype=spec["dtype"], micro_batch_size=2)
     critic = CriticConfig(zero_stage=spec["zero_stage"]) if algo.advantage == "gae" else None
-    learner = Learner(model, cfg, algo, 1.0, 8, critic=critic, critic_path=model if critic else None)
+    return Learner(model, cfg, algo, 1.0, 8, critic=critic, critic_path=model if critic else None)
+
+
+def one_step(model: str, name: str, out: Path) -> dict:
+    from safetensors.torch import save_file
+
+    learner = make_learner(model, name)
     t0 = time.perf_counter()
     metrics = learner.step(batch())
     if torch.cuda.is_available():
@@ -71,6 +86,59 @@ def one_step(model: str, name: str, out: Path) -> dict:
            "loss": metrics[-1].loss, "step_s": round(seconds, 3), "finite": finite}
     print(json.dumps(row), flush=True)
     return row
+
+
+def rank_info(rank) -> dict:
+    """Runs inside the rank's actor (`__ray_call__`): where its learner lives and which group it joined."""
+    import os
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(rank.learner.device) if rank.learner.device.type == "cuda" else None
+    return {"device": str(rank.learner.device), "gpu": gpu, "backend": torch.distributed.get_backend(),
+            "world": torch.distributed.get_world_size(), "pid": os.getpid(),
+            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def ray_steps(model: str, names: list[str], out: Path) -> None:
+    """One RayLearner per configuration (its rank process ends with it, so each starts on a clean GPU)."""
+    from functools import partial
+
+    import ray
+    from safetensors.torch import load, save_file
+
+    from agentrl.cluster import connect, disconnect
+    from agentrl.config import ClusterConfig
+    from agentrl.learner.ray_ranks import RayLearner
+
+    model = str(Path(model).resolve())  # the rank's working folder is Ray's, not ours
+    # The driver never touches CUDA: it only decides whether the rank asks Ray for the GPU.
+    cluster = ClusterConfig(backend="ray", learner_ranks=1, learner_num_gpus=1 if torch.cuda.is_available() else 0)
+    connect(cluster)
+    try:
+        for name in names:
+            # make_learner travels by value (this script is no importable module on the rank's side).
+            learner = RayLearner(partial(make_learner, model, name), cluster)
+            t0 = time.perf_counter()
+            learner.start()
+            start_s = time.perf_counter() - t0
+            try:
+                info = ray.get(learner.ranks[0].__ray_call__.remote(rank_info))
+                t0 = time.perf_counter()
+                metrics = learner.step(batch())
+                seconds = time.perf_counter() - t0
+                ref, _ = learner.publish(learner.version, None)  # the path engines' weights take
+                weights = {k: v.float().contiguous() for k, v in load(ray.get(ref).tobytes()).items()}
+            finally:
+                learner.shutdown()
+            save_file(weights, str(out / f"{name}.safetensors"))
+            finite = all(bool(torch.isfinite(v).all()) for v in weights.values())
+            row = {"config": name, "via": "ray", **info, "loss": metrics[-1].loss, "step_s": round(seconds, 3),
+                   "rank_step_s": round(metrics[-1].step_time_s, 3), "start_s": round(start_s, 1),
+                   "finite": finite}
+            print(json.dumps(row), flush=True)
+    finally:
+        disconnect()
 
 
 def compare(a: Path, b: Path, model: str | None) -> None:
@@ -98,15 +166,16 @@ def main() -> None:
     parser.add_argument("--out", help="folder for the weights after each step")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="which configurations, comma-separated")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two --out folders")
+    parser.add_argument("--ray", action="store_true", help="step through a Ray learner rank (1 GPU if any)")
     args = parser.parse_args()
     if args.compare:
         compare(Path(args.compare[0]), Path(args.compare[1]), args.model)
         return
-    if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32: comparable with the CPU step
-        torch.backends.cudnn.allow_tf32 = False
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.ray:
+        ray_steps(args.model, args.configs.split(","), out)
+        return
     for name in args.configs.split(","):
         one_step(args.model, name, out)
 
