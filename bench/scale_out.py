@@ -1,7 +1,7 @@
 """Scale-out: rollout tokens/s with 2 vLLM engines vs 1, and wall-clock to a held-out score, async vs sync.
 
     python bench/scale_out.py [--model default] [--episodes 256] [--rounds 2] [--steps 100] [--deltas 0.01,0.02,0.03]
-                              [--seeds 0,1] [--out DIR] [--extra algo.dual_clip=3 ...]
+                              [--seeds 0,1] [--out DIR [--reuse]] [--extra KEY=VALUE ...]
 
 The workload is long-tailed and multi-turn: guess-the-number with up to 16 turns (`max_turns: 16`),
 a reward of 1 - turn_penalty * (t - 1) for finding the number at turn t, so both how often and how
@@ -13,7 +13,7 @@ Part 1: the same seeded episodes (`RolloutPool.evaluate`) on a Ray fleet of 1 en
   tokens/s per round and the ratio of the medians.
 Part 2: two training runs of the real CLI from the same model on this workload, `max_staleness: 0`
   (synchronous: generation waits for every step and every push) and `max_staleness: 4` (asynchronous;
-  both with `algo.mode=bypass`, see WORKLOAD), evaluated every `--eval-every` steps on the same held-out tasks. Prints
+  both with `algo.mode=bypass` and `algo.dual_clip=3`, see WORKLOAD), evaluated every `--eval-every` steps on the same held-out tasks. Prints
   both eval curves, and for each target (the warm start's score + each of `--deltas`) the wall-clock
   from the start of training until each run's held-out score first reaches it, with the ratio
   sync / async (the speed-up) where both do; and both runs' final scores. With several `--seeds`
@@ -45,10 +45,14 @@ ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
 # the policy past mu: measured on this workload, decoupled runs (tis or mask correction) collapsed within
 # 20 steps (mean |log pi_prox - log mu| rising from 0.13 to 2.1, held-out score 0.71 -> 0.08), while
 # bypass stayed stable (clip_frac 1-15 %). At max_staleness 0 the two modes are the same update.
+# algo.dual_clip=3 (verl's clip_ratio_c): for a negative advantage PPO's loss r * A is unbounded in r, and
+# a 4-step-stale batch can carry r >> 1 + eps; without it one 200-step bypass run at staleness 4
+# collapsed (held-out 0.784 -> 0.41 at step ~95). It never binds at staleness 0, where r stays near 1.
 SMOOTH = 3  # time to target on the mean of this many consecutive evals (robust to one noisy eval)
 WORKLOAD = ["env.import_path=envs.guess_number:GuessNumberEnv", "env.kwargs.max_turns=16",
             f"env.kwargs.turn_penalty={ENV_KWARGS['turn_penalty']}", "rollout.max_turns=16",
-            "rollout.max_tokens_per_turn=6", "engine.max_model_len=512", "algo.mode=bypass"]
+            "rollout.max_tokens_per_turn=6", "engine.max_model_len=512", "algo.mode=bypass",
+            "algo.dual_clip=3"]
 
 
 async def fleet_round_rates(model: str, engines: int, episodes: int, rounds: int) -> tuple[list[float], Counter]:
