@@ -71,19 +71,24 @@ def make_learner(model: str, name: str):
 
 
 def one_step(model: str, name: str, out: Path) -> dict:
-    from safetensors.torch import save_file
-
     learner = make_learner(model, name)
     t0 = time.perf_counter()
     metrics = learner.step(batch())
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    weights = {k: v.float().contiguous() for k, v in learner.state_dict_cpu().items()}
+    return write_step(out, name, learner.state_dict_cpu(),
+                      {"config": name, "device": str(learner.device), "backend": torch.distributed.get_backend(),
+                       "loss": metrics[-1].loss, "step_s": round(seconds, 3)})
+
+
+def write_step(out: Path, name: str, state: dict, row: dict) -> dict:
+    """Save one configuration's weights (float32, for `--compare`) and print its row with `finite`."""
+    from safetensors.torch import save_file
+
+    weights = {k: v.float().contiguous() for k, v in state.items()}
     save_file(weights, str(out / f"{name}.safetensors"))
-    finite = all(bool(torch.isfinite(v).all()) for v in weights.values())
-    row = {"config": name, "device": str(learner.device), "backend": torch.distributed.get_backend(),
-           "loss": metrics[-1].loss, "step_s": round(seconds, 3), "finite": finite}
+    row["finite"] = all(bool(torch.isfinite(v).all()) for v in weights.values())
     print(json.dumps(row), flush=True)
     return row
 
@@ -105,7 +110,7 @@ def ray_steps(model: str, names: list[str], out: Path) -> None:
     from functools import partial
 
     import ray
-    from safetensors.torch import load, save_file
+    from safetensors.torch import load
 
     from agentrl.cluster import connect, disconnect
     from agentrl.config import ClusterConfig
@@ -128,15 +133,12 @@ def ray_steps(model: str, names: list[str], out: Path) -> None:
                 metrics = learner.step(batch())
                 seconds = time.perf_counter() - t0
                 ref, _ = learner.publish(learner.version, None)  # the path engines' weights take
-                weights = {k: v.float().contiguous() for k, v in load(ray.get(ref).tobytes()).items()}
+                state = load(ray.get(ref).tobytes())
             finally:
                 learner.shutdown()
-            save_file(weights, str(out / f"{name}.safetensors"))
-            finite = all(bool(torch.isfinite(v).all()) for v in weights.values())
-            row = {"config": name, "via": "ray", **info, "loss": metrics[-1].loss, "step_s": round(seconds, 3),
-                   "rank_step_s": round(metrics[-1].step_time_s, 3), "start_s": round(start_s, 1),
-                   "finite": finite}
-            print(json.dumps(row), flush=True)
+            write_step(out, name, state, {"config": name, "via": "ray", **info, "loss": metrics[-1].loss,
+                                          "step_s": round(seconds, 3), "rank_step_s": round(metrics[-1].step_time_s, 3),
+                                          "start_s": round(start_s, 1)})
     finally:
         disconnect()
 
