@@ -82,8 +82,9 @@ def test_killed_twice_and_resumed_trains_every_task_once(tmp_path, model_dir):
     assert len(trained) == 8 * 4  # 8 steps of 4 groups
     # whatever was in flight at step 4 was re-issued (how many is timing: generation may have caught
     # up with the learner by then; test_checkpoint re-issues a fixed in-flight set deterministically)
-    assert summary["resumed"]["groups_reissued"] == len(load_run_state(ckpts / "step_4").in_flight)
-    assert summary["resumed"]["groups_restored"] == len(load_run_state(ckpts / "step_4").ready)
+    at_4 = load_run_state(ckpts / "step_4")
+    assert summary["resumed"]["groups_reissued"] == len(at_4.in_flight)
+    assert summary["resumed"]["groups_restored"] == len(at_4.ready)
     report = audit(out)  # the same accounting, as bench/chaos_resume.py reads it
     assert report["skipped"] == report["duplicated"] == [] and report["trained"] == 32
 
