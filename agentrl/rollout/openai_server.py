@@ -100,8 +100,8 @@ class OpenAIServer:
 
         if self._client is None:
             self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.cfg.api_key or "agentrl",
-                                              max_retries=0, timeout=timeout_s)
-        return self._client.with_options(base_url=base_url)
+                                              max_retries=0)
+        return self._client.with_options(base_url=base_url, timeout=timeout_s)
 
     # -- sessions ------------------------------------------------------------------------------------
 
