@@ -116,9 +116,11 @@ def check_recovered(summary: dict, records: list[dict], steps: int, engines: int
     assert summary["eval_after"]["failed"] == {}
 
 
-# Long episodes and a loose staleness bound keep episodes in flight on every engine at all times, so
-# the kill always catches some.
-BUSY = ("env.kwargs.max_turns=16", "rollout.max_turns=16", "buffer.max_staleness=4", "buffer.batch_size=16")
+# The kill must catch episodes in flight. Under a tight staleness bound generation runs ahead of the
+# learner, fills the buffer's capacity and stops, and a kill in that pause catches none (staleness 4 did
+# so once in CI). A bound the run cannot reach keeps the producer issuing, so both engines serve
+# episodes (long ones) at every moment.
+BUSY = ("env.kwargs.max_turns=16", "rollout.max_turns=16", "buffer.max_staleness=1000", "buffer.batch_size=16")
 
 
 def test_killing_an_engine_actor_mid_run(tmp_path, model_dir):
