@@ -25,6 +25,7 @@ from typing import Any
 
 from agentrl.buffer import BatchAssembly, StalenessBuffer
 from agentrl.config import Config, ConfigError, load_config
+from agentrl.config.inert import inert_settings
 from agentrl.checkpoint import RunState
 from agentrl.data import TaskStream
 from agentrl.metrics import MetricsSink, print_summary, setup_logging
@@ -277,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns on every in-place reload
     try:
         cfg = load_config(args.config, args.overrides)
+        for sentence in inert_settings(cfg):
+            log.warning("%s", sentence)
         prep = prepare(cfg)
     except ConfigError as exc:  # DataError included
         return input_error(exc)

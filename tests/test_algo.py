@@ -16,6 +16,7 @@ import torch
 from torch.testing import assert_close
 
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs,
+                          behaviour_trust_mask,
                           aggregate, kl_estimate, masked_mean, register_advantage, register_policy_loss,
                           value_loss)
 from agentrl.config import AlgoConfig
@@ -286,7 +287,7 @@ def test_ppo_clip_hand_value_and_grad():
     #   d/dlogp = -r A / 4 on unclipped tokens = [-0.25, 0, 0, 0.55, 0]
     lr = [[0.0, math.log(1.5), math.log(0.5), math.log(1.1), 3.0]]
     inp, logp = loss_inputs(lr, [[1.0, 1.0, -1.0, -2.0, 5.0]], mask=[[1, 1, 1, 1, 0]])
-    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none"))
+    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", trust_region="none"))
     assert_close(loss, t(0.2))
     loss.backward()
     assert_close(logp.grad, t([[-0.25, 0.0, 0.0, 0.55, 0.0]]))
@@ -298,7 +299,7 @@ def test_ppo_dual_clip_hand():
     # c = 3: (r=5, A=-1): -min(-5, -1.2) = 5 > 3 -> 3, zero grad; (r=2, A=-1): 2 < 3 stays, grad -rA = 2;
     # (r=5, A=1): -min(5, 1.2) = -1.2, clipped.  mean = (3 + 2 - 1.2) / 3
     inp, logp = loss_inputs([[math.log(5), math.log(2), math.log(5)]], [[-1.0, -1.0, 1.0]])
-    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", dual_clip=3.0))
+    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", dual_clip=3.0, trust_region="none"))
     assert_close(loss, t(3.8 / 3))
     loss.backward()
     assert_close(logp.grad, t([[0.0, 2 / 3, 0.0]]))
@@ -313,7 +314,7 @@ def test_token_corrections_hand():
               "none": ([1.0, 1.0, 1.0, 1.0], 0.0)}
     for corr, (applied, frac) in expect.items():
         inp, logp = loss_inputs([[0.0] * 4], [[1.0] * 4], log_w=log_w)
-        loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction=corr, is_low=0.5, is_high=2.0))
+        loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction=corr, is_low=0.5, is_high=2.0, trust_region="none"))
         assert_close(loss, t(-sum(applied) / 4))
         loss.backward()
         assert_close(logp.grad, -t([applied]) / 4)
@@ -330,7 +331,7 @@ def test_sequence_correction_hand():
     # row 0: log w = [log 2, log 8] -> geometric mean 4 -> tis 2; row 1: [log 0.5, (masked) 5] -> 0.5
     log_w = [[math.log(2), math.log(8)], [math.log(0.5), 5.0]]
     inp, _ = loss_inputs([[0.0, 0.0]] * 2, [[1.0, 1.0]] * 2, mask=[[1, 1], [1, 0]], log_w=log_w)
-    cfg = loss_cfg(correction="tis", correction_level="sequence", is_high=2.0, agg="seq_mean_token_sum")
+    cfg = loss_cfg(correction="tis", correction_level="sequence", is_high=2.0, agg="seq_mean_token_sum", trust_region="none")
     loss, m = POLICY_LOSSES["ppo_clip"](inp, cfg)
     assert_close(loss, t(-(2.0 * 2 + 0.5) / 2))
     assert (m["is_weight_mean"], m["is_weight_max"], m["is_corrected_frac"]) == pytest.approx((2.25, 4.0, 0.5))
@@ -342,7 +343,7 @@ def test_gspo_hand():
     # row 0: log r = [0.1, 0.3] -> s = exp(0.2) = 1.2214 > 1.2, A = 1: loss -1.2 per token, no grad
     # row 1: log r = [-0.2, (masked), 0.0] -> s = exp(-0.1) = 0.904837: loss -s, grad per token -s / 2 / 2
     inp, logp = loss_inputs([[0.1, 0.0, 0.3], [-0.2, 9.0, 0.0]], [[1.0] * 3] * 2, mask=[[1, 0, 1], [1, 0, 1]])
-    loss, m = POLICY_LOSSES["gspo"](inp, loss_cfg(correction="none", agg="seq_mean_token_mean"))
+    loss, m = POLICY_LOSSES["gspo"](inp, loss_cfg(correction="none", agg="seq_mean_token_mean", trust_region="none"))
     s = math.exp(-0.1)
     assert_close(loss, t((-1.2 - s) / 2))
     loss.backward()
@@ -354,11 +355,51 @@ def test_cispo_hand():
     # r = [1.5, 0.5, 1], A = [1, 1, -1], logp = [-1, -2, -0.5]; sg(clip(r)) = [1.2, 0.8, 1]
     # loss = -c A logp = [1.2, 1.6, -0.5], mean 2.3/3; grad = -c A / 3 = [-0.4, -0.8/3, 1/3] (clipped too)
     inp, logp = loss_inputs([[math.log(1.5), math.log(0.5), 0.0]], [[1.0, 1.0, -1.0]], logp=[[-1.0, -2.0, -0.5]])
-    loss, m = POLICY_LOSSES["cispo"](inp, loss_cfg(correction="none"))
+    loss, m = POLICY_LOSSES["cispo"](inp, loss_cfg(correction="none", trust_region="none"))
     assert_close(loss, t(2.3 / 3))
     loss.backward()
     assert_close(logp.grad, t([[-0.4, -0.8 / 3, 1 / 3]]))
     assert m["clip_frac"] == pytest.approx(2 / 3)
+
+
+def trust_case():
+    """rho = pi_theta / mu = [0.5, 0.5, 1.5, 1.5, 1, (masked) 50], A = [-1, 1, -1, 1, -1, -1]."""
+    rho = [0.5, 0.5, 1.5, 1.5, 1.0, 50.0]
+    logp = t([[-1.0] * 6])
+    behav = logp - t([[math.log(x) for x in rho]])
+    return logp, behav, t([[-1.0, 1.0, -1.0, 1.0, -1.0, -1.0]]), t([[1.0, 1, 1, 1, 1, 0]])
+
+
+@pytest.mark.parametrize("kind,tau,expected", [
+    ("none", 0.04, [1, 1, 1, 1, 1]),
+    ("clip", 0.04, [0, 1, 1, 0, 1]),  # A < 0 below 1 - 0.2, A > 0 above 1 + 0.2
+    ("neg_clip", 0.04, [0, 1, 1, 1, 1]),  # only the A < 0 side
+    # (log rho)^2 = [.4805, .4805, .1644, .1644, 0], mean .258: drop the largest while the rest's mean > tau:
+    # rest means .2023, .1096, .0822 -> tau 0.1 drops 3 (ties in position order); tau 0.3 none; tau 0 all but rho=1
+    ("m2", 0.1, [0, 0, 0, 1, 1]),
+    ("m2", 0.3, [1, 1, 1, 1, 1]),
+    ("m2", 0.0, [0, 0, 0, 0, 1]),
+])
+def test_behaviour_trust_mask_hand(kind, tau, expected):
+    logp, behav, adv, mask = trust_case()
+    keep = behaviour_trust_mask(logp, behav, adv, mask, kind, 0.2, 0.2, tau)
+    assert keep[0, :5].tolist() == expected
+
+
+def test_trust_region_acts_where_the_ppo_ratio_is_one():
+    # One optimizer step per batch in decoupled mode: old = logp, so r = 1 and PPO's clip never acts;
+    # w = pi_old / mu = rho, truncated at 2 (tis). neg_clip zeroes the A < 0 token with rho = 0.5:
+    # loss = -mean(w A) over the 5 tokens with token 0 dropped = -(0.5 - 1.5 + 1.5 - 1) / 5 = 0.1
+    logp, behav, adv, mask = trust_case()
+    logp.requires_grad_()
+    inp = PolicyLossInputs(logp, logp.detach(), behav, adv, mask)
+    loss, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(trust_region="neg_clip"))
+    assert_close(loss, t(0.1))
+    loss.backward()
+    assert_close(logp.grad, t([[0.0, -0.5, 1.5, -1.5, 1.0, 0.0]]) / 5)
+    assert m["clip_frac"] == 0.0 and m["trust_masked_frac"] == pytest.approx(0.2)
+    _, m = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(trust_region="none"))
+    assert m["trust_masked_frac"] == 0.0
 
 
 def test_entropy_bonus_and_bypass():
@@ -385,9 +426,10 @@ def test_config_validation(kw):
 
 def test_policy_loss_config_reads_every_field_from_the_config_tree():
     algo = AlgoConfig(clip_low=0.1, clip_high=0.3, dual_clip=2.5, correction="mask", correction_level="sequence",
-                      is_low=0.4, is_high=1.7, agg="constant", constant_norm=5.0, entropy_coef=0.02)
+                      is_low=0.4, is_high=1.7, agg="constant", constant_norm=5.0, entropy_coef=0.02,
+                      trust_region="m2", m2_tau=0.07)
     assert PolicyLossConfig.from_settings(algo) == PolicyLossConfig(0.1, 0.3, 2.5, "mask", "sequence", 0.4, 1.7,
-                                                                    "constant", 5.0, 0.02)
+                                                                    "constant", 5.0, 0.02, "m2", 0.07)
 
 
 # ---------------------------------------------------------------- policy losses: loop reference
@@ -412,6 +454,8 @@ def ref_policy_loss(name, lp, old, behav, adv, mask, ent, cfg):
         corrected += [out_of[0]] if seq_level and idx else [out_of[k] for k in idx] if not seq_level else []
         w_tok.append([1.0 if cfg.correction == "none" else min(x, cfg.is_high) if cfg.correction == "tis"
                       else (0.0 if o else x) for x, o in zip(raw_row, out_of)])
+    keep = ref_trust_keep(name, lp, behav, adv, mask, cfg)
+    w_tok = [[w * c for w, c in zip(wr, kr)] for wr, kr in zip(w_tok, keep)]
     coefs = ref_agg_coefs(mask, cfg.agg, cfg.constant_norm)
     loss, grad, clipped, n_tok = 0.0, [[0.0] * len(r) for r in mask], 0, 0
     for b, row in enumerate(mask):
@@ -438,7 +482,9 @@ def ref_policy_loss(name, lp, old, behav, adv, mask, ent, cfg):
                "is_corrected_frac": sum(corrected) / len(units),
                "is_ess": sum(units) ** 2 / (len(units) * sum(u * u for u in units)),
                "mismatch_k1": sum(diffs) / n_tok, "mismatch_abs": sum(map(abs, diffs)) / n_tok,
-               "entropy": sum(ent[b][k] for b, row in enumerate(mask) for k, m in enumerate(row) if m) / n_tok}
+               "entropy": sum(ent[b][k] for b, row in enumerate(mask) for k, m in enumerate(row) if m) / n_tok,
+               "trust_masked_frac": sum(1 - keep[b][k] for b, row in enumerate(mask)
+                                        for k, m in enumerate(row) if m) / n_tok}
     return loss, grad, metrics
 
 
@@ -456,6 +502,28 @@ def rand_loss_batch(seed):
 LOSS_CASES = list(itertools.product(
     ["ppo_clip", "gspo", "cispo"], ["none", "tis", "mask"], ["token", "sequence"],
     ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"]))
+TRUST = ["none", "clip", "neg_clip", "m2"]
+
+
+def ref_trust_keep(name, lp, behav, adv, mask, cfg):
+    """keep[b][k] of the behaviour trust region, one token at a time (m2: drop the largest while needed)."""
+    keep = [[1.0] * len(row) for row in mask]
+    toks = [(b, k) for b, row in enumerate(mask) for k, m in enumerate(row) if m]
+    log_rho = {(b, k): lp[b][k] - behav[b][k] for b, k in toks}
+    if cfg.trust_region == "m2":
+        ranked = sorted(toks, key=lambda bk: -log_rho[bk] ** 2)  # stable: ties stay in position order
+        rest = [log_rho[bk] ** 2 for bk in ranked]
+        for i, bk in enumerate(ranked):
+            if sum(rest[i:]) / len(rest[i:]) <= cfg.m2_tau:
+                break
+            keep[bk[0]][bk[1]] = 0.0
+    elif cfg.trust_region in ("clip", "neg_clip"):
+        for b, k in toks:
+            rho = math.exp(log_rho[b, k])
+            if (adv[b][k] < 0 and rho < 1 - cfg.clip_low) or (
+                    cfg.trust_region == "clip" and adv[b][k] > 0 and rho > 1 + cfg.clip_high):
+                keep[b][k] = 0.0
+    return keep
 
 
 @pytest.mark.parametrize("name,correction,level,agg", LOSS_CASES)
@@ -464,7 +532,8 @@ def test_policy_loss_vs_reference(name, correction, level, agg):
     lp, old, behav, adv, mask, ent = rand_loss_batch(seed)
     cfg = loss_cfg(clip_low=0.2, clip_high=0.28 if name != "gspo" else 0.05, correction=correction,
                            correction_level=level, is_low=0.6, is_high=1.5, agg=agg, constant_norm=7.0,
-                           dual_clip=3.0 if seed % 2 else None, entropy_coef=0.01 * (seed % 3))
+                           dual_clip=3.0 if seed % 2 else None, entropy_coef=0.01 * (seed % 3),
+                           trust_region=TRUST[(seed // 2) % 4], m2_tau=0.2)
     logp = t(lp, F64).requires_grad_()
     inp = PolicyLossInputs(logp, t(old, F64), t(behav, F64), t(adv, F64), t(mask, F64), t(ent, F64))
     loss, metrics = POLICY_LOSSES[name](inp, cfg)
@@ -476,3 +545,5 @@ def test_policy_loss_vs_reference(name, correction, level, agg):
     for key, val in ref_metrics.items():
         assert metrics[key] == pytest.approx(val, rel=1e-9, abs=1e-12), key
     assert 0 < metrics["clip_frac"] < 1  # the random data exercises clipping
+    if cfg.trust_region != "none":
+        assert 0 < metrics["trust_masked_frac"] < 1  # ... and the trust region

@@ -28,7 +28,7 @@ def make_batch(learner, log_w: float, adv: float = 1.0) -> TrainBatch:
 def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
     from agentrl.learner.rl import Learner
 
-    learner = Learner(tiny_model, LearnerConfig(lr=1e-4, micro_batch_size=1), AlgoConfig(is_high=1.5), 1.0, 2)
+    learner = Learner(tiny_model, LearnerConfig(lr=1e-4, micro_batch_size=1), AlgoConfig(is_high=1.5, trust_region="none"), 1.0, 2)
     # w = pi_prox / mu = 2 > is_high -> truncated to 1.5; r = 1 on the first step, A = 1:
     # loss = -mean_t(1.5 * 1 * 1) = -1.5 over the 4 generated tokens (two micro-batches of 2 tokens).
     (m,) = learner.step(make_batch(learner, math.log(2.0)))
@@ -39,19 +39,53 @@ def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
     # all 4 tokens were sampled at version 0 and trained at version 0: one staleness bucket
     assert m.policy["stale0/tokens"] == 4.0 and m.policy["stale0/is_corrected_frac"] == pytest.approx(1.0)
     assert m.policy["stale0/mismatch_abs"] == pytest.approx(math.log(2.0), rel=1e-5)
+    # one optimizer step, no reference: pi_prox came from the training pass itself (no extra forward),
+    # and it equals the no-grad pass that made mu above to 1e-5
+    assert learner.reuses_prox and m.policy["prox_reused"] == 1.0
 
 
 def test_bypass_mode_ignores_the_behaviour_gap(tiny_model):
     from agentrl.learner.rl import Learner
 
     learner = Learner(tiny_model, LearnerConfig(lr=1e-4, mini_batches=2, micro_batch_size=1),
-                      AlgoConfig(mode="bypass"), 1.0, 2)
+                      AlgoConfig(mode="bypass", trust_region="none"), 1.0, 2)
     # bypass: old = mu, so w = 1 and r = pi/mu = e^log_w = 1.25 on the first mini-batch, inside the
     # clip range [0.8, 1.2]? no: 1.25 > 1.2 and A > 0 -> the clipped term 1.2 is taken: loss = -1.2.
     results = learner.step(make_batch(learner, math.log(1.25)))
     assert len(results) == 2 and learner.version == 2  # one version per optimizer step
     assert results[0].loss == pytest.approx(-1.2, abs=1e-5)
     assert results[0].policy["clip_frac"] == pytest.approx(1.0)
+    assert not learner.reuses_prox and results[0].policy["prox_reused"] == 0.0
+
+
+def test_train_mode_pass_equals_the_no_grad_pass_with_dropout_configured(tiny_model):
+    # LoRA dropout 0.5 would make the training pass (train mode) a different function from pi_prox
+    # and the reference (eval mode); the learner turns every dropout off, so they agree.
+    from agentrl.config import LoraConfig
+    from agentrl.learner.rl import Learner
+
+    cfg = LearnerConfig(lr=1e-4, micro_batch_size=2, mini_batches=2, lora=LoraConfig(rank=4, dropout=0.5))
+    learner = Learner(tiny_model, cfg, AlgoConfig(), 1.0, 2)
+    batch = make_batch(learner, 0.0)
+    learner.engine.train()
+    with torch.no_grad():
+        train_pass = learner._forward_logprobs(batch, slice(0, 2)) * batch.loss_mask
+    torch.testing.assert_close(train_pass, learner.logprobs(batch), rtol=0, atol=1e-6)
+
+
+def test_disable_dropout_makes_train_mode_deterministic(tiny_model):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentrl.learner.models import disable_dropout
+
+    config = AutoConfig.from_pretrained(tiny_model)
+    config.attention_dropout = 0.5
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    ids = torch.tensor([[1, 275, 201, 301, 299, 310, 2]])
+    torch.manual_seed(0)
+    assert not torch.equal(model.train()(ids).logits, model.train()(ids).logits)  # dropout draws differ
+    disable_dropout(model)
+    torch.testing.assert_close(model.train()(ids).logits, model.eval()(ids).logits, rtol=0, atol=0)
 
 
 def test_reference_kl_is_zero_at_start_and_grows_after_updates(tiny_model):

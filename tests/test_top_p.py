@@ -167,9 +167,9 @@ def test_token_outside_the_nucleus_gives_finite_losses_and_gradients():
     behav = torch.tensor([[0.0, -2.0, -2.0, -1.0]])  # mu: vLLM kept the token
     old_rows = {"in": inside, "out": outside}
     seen = set()
-    for (now, old, ref), loss_name, correction, level, adv in itertools.product(
+    for (now, old, ref), loss_name, correction, level, adv, trust in itertools.product(
             itertools.product(["in", "out"], repeat=3), ["ppo_clip", "gspo", "cispo"], ["none", "tis", "mask"],
-            ["token", "sequence"], [1.0, -1.0]):
+            ["token", "sequence"], [1.0, -1.0], ["none", "clip", "m2"]):
         logits = old_rows[now].expand(1, 4, vocab).clone().requires_grad_(True)
         logp = token_logprobs(logits, ids, 1.0, 0.9)
         with torch.no_grad():
@@ -178,7 +178,7 @@ def test_token_outside_the_nucleus_gives_finite_losses_and_gradients():
         seen.add(logp[0, 1].item())
         cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip=None, correction=correction,
                                correction_level=level, is_low=0.5, is_high=2.0, agg="token_mean",
-                               constant_norm=1.0, entropy_coef=0.01)
+                               constant_norm=1.0, entropy_coef=0.01, trust_region=trust, m2_tau=0.04)
         inp = PolicyLossInputs(logp_BT=logp * mask, old_logp_BT=old_logp, behav_logp_BT=behav,
                                advantages_BT=torch.full((1, 4), adv), mask_BT=mask,
                                entropy_BT=token_entropy(logits, 1.0, 0.9))
@@ -186,7 +186,7 @@ def test_token_outside_the_nucleus_gives_finite_losses_and_gradients():
         for kind in ("k1", "k2", "k3"):
             loss = loss + 0.1 * (kl_estimate(inp.logp_BT, ref_logp, kind) * mask).sum()
         loss.backward()
-        case = (now, old, ref, loss_name, correction, level, adv)
+        case = (now, old, ref, loss_name, correction, level, adv, trust)
         assert math.isfinite(loss.item()), case
         assert all(math.isfinite(v) for v in metrics.values()), case
         assert torch.isfinite(logits.grad).all(), case

@@ -9,7 +9,8 @@ Call sites pick an entry from a registry by its config name and call it with one
 """
 
 from .advantages import ADVANTAGES, AdvantageInputs, AdvantageOutput, register_advantage
-from .correction import ImportanceWeights, correction_metrics, importance_weights, masked_mean
+from .correction import (ImportanceWeights, behaviour_trust_mask, correction_metrics, importance_weights,
+                         masked_mean, staleness_buckets)
 from .losses import (
     POLICY_LOSSES,
     PolicyLossConfig,
@@ -57,6 +58,7 @@ __all__ = [
     "PreferenceLoss",
     "RunningMoments",
     "aggregate",
+    "behaviour_trust_mask",
     "bradley_terry",
     "clip_rewards",
     "correction_metrics",
@@ -73,5 +75,6 @@ __all__ = [
     "prm_token_loss",
     "register_advantage",
     "register_policy_loss",
+    "staleness_buckets",
     "value_loss",
 ]

@@ -9,12 +9,14 @@ al. 2025 ("Your efficient RL framework secretly brings you off-policy RL trainin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 CORRECTIONS = ("none", "tis", "mask")
 CORRECTION_LEVELS = ("token", "sequence")
+TRUST_REGIONS = ("none", "clip", "neg_clip", "m2")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -91,3 +93,74 @@ def correction_metrics(iw: ImportanceWeights, old_logp_BT: torch.Tensor, behav_l
         "mismatch_abs": float(masked_mean(diff_BT.abs(), mask_BT)),
     }
     return out
+
+
+
+def staleness_buckets(old_logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, mask_BT: torch.Tensor,
+                      staleness_BT: torch.Tensor, correction: str, level: str, is_low: float,
+                      is_high: float) -> dict[str, float]:
+    """Correction diagnostics per staleness bucket (learner version minus token version), e.g.
+    `stale2/is_ess`: how far behaviour and proximal policies drift as samples age."""
+    out: dict[str, float] = {}
+    for s in sorted(set(staleness_BT[mask_BT > 0].tolist())):
+        mask = mask_BT * (staleness_BT == s)
+        iw = importance_weights(old_logp_BT, behav_logp_BT, mask, correction, level, is_low, is_high)
+        for key, val in correction_metrics(iw, old_logp_BT, behav_logp_BT, mask).items():
+            if key in ("is_ess", "is_corrected_frac", "mismatch_k1", "mismatch_abs"):
+                out[f"stale{s}/{key}"] = val
+        out[f"stale{s}/tokens"] = float(mask.sum())
+    return out
+
+def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv_BT: torch.Tensor,
+                         mask_BT: torch.Tensor, kind: str, eps_low: float, eps_high: float,
+                         m2_tau: float) -> torch.Tensor:
+    """(B, T) detached 0/1 keep-mask: a trust region around the behaviour policy mu.
+
+    With one optimizer step per batch, decoupled PPO's ratio r = pi_theta / pi_prox is exactly 1 where
+    the gradient is taken, so its clip never acts and nothing bounds how far a stale batch pushes the
+    policy from the one that sampled it. These rules act on rho_t = pi_theta(y_t) / mu(y_t) instead
+    (pi_theta = pi_prox at the first mini-batch, so rho = w there), at any number of mini-batches:
+      clip:     drop tokens whose rho has left [1 - eps_low, 1 + eps_high] in the direction the advantage
+                pushes: A < 0 and rho < 1 - eps_low, or A > 0 and rho > 1 + eps_high. That is PPO's own
+                clip (Schulman et al. 2017) anchored at mu, as in verl's and OpenRLHF's "bypass" mode.
+      neg_clip: only the A < 0 side of `clip`. Pushing a token up is self-limiting (d log p / d logit =
+                1 - p -> 0 as p -> 1); pushing one down is not, and the tokens that drove the measured
+                collapse were A < 0 tokens already cut below mu (DESIGN.md, "Off-policy, measured").
+      m2:       M2PO (Zheng et al. 2025, "Prosperity before Collapse"): drop the tokens with the largest
+                (log rho)^2 until the mean over the kept ones is <= m2_tau, a bound on the second moment
+                of the log importance ratio; both directions, whatever the advantage.
+      none:     keep every token.
+    """
+    if kind not in TRUST_REGIONS:
+        raise ValueError(f"unknown trust region {kind!r}; expected one of {TRUST_REGIONS}")
+    on_BT = mask_BT > 0
+    log_rho_BT = torch.where(on_BT, logp_BT.detach() - behav_logp_BT.detach(), 0.0)
+    if kind == "none":
+        return mask_BT.new_ones(mask_BT.shape)
+    if kind == "m2":
+        return _m2_keep(log_rho_BT**2, on_BT, m2_tau).to(mask_BT.dtype)
+    adv_BT = adv_BT.detach()
+    drop_BT = (adv_BT < 0) & (log_rho_BT < math.log1p(-eps_low)) if eps_low < 1 else torch.zeros_like(on_BT)
+    if kind == "clip":
+        drop_BT = drop_BT | ((adv_BT > 0) & (log_rho_BT > math.log1p(eps_high)))
+    return (~(drop_BT & on_BT)).to(mask_BT.dtype)
+
+
+def _m2_keep(sq_BT: torch.Tensor, on_BT: torch.Tensor, tau: float) -> torch.Tensor:
+    """Bool keep-mask: among tokens where on_BT, drop the k largest values of sq_BT, k the least for
+    which the mean of the rest is <= tau (0 when the mean of all already is; all when even the smallest
+    exceeds tau). Equal values are dropped in position order."""
+    vals = sq_BT[on_BT]
+    n = vals.numel()
+    keep = torch.zeros_like(on_BT)
+    if n == 0:
+        return keep
+    order = torch.argsort(vals, descending=True, stable=True)
+    suffix_sum = vals[order].flip(0).cumsum(0).flip(0)  # [k]: sum of all but the k largest
+    suffix_mean = suffix_sum / torch.arange(n, 0, -1, dtype=vals.dtype, device=vals.device)
+    within = torch.nonzero(suffix_mean <= tau)  # non-increasing in k: the first is the least k
+    k = int(within[0]) if within.numel() else n
+    kept = torch.ones(n, dtype=torch.bool, device=vals.device)
+    kept[order[:k]] = False
+    keep[on_BT] = kept
+    return keep

@@ -2,8 +2,9 @@
 
 Every policy loss is decoupled PPO (Hilton et al. 2022; AReaL): the clipped ratio is taken against
 pi_old (the proximal policy, or mu in bypass mode) and the per-token loss is multiplied by the
-detached importance weight w = pi_old / mu from `correction.py`:
-    loss_t = -w_t * surrogate_t(r_t, A_t),   r_t = pi_theta(y_t) / pi_old(y_t)
+detached importance weight w = pi_old / mu and the behaviour trust region's keep-mask m (both from
+`correction.py`):
+    loss_t = -m_t * w_t * surrogate_t(r_t, A_t),   r_t = pi_theta(y_t) / pi_old(y_t)
 Shapes: B sequences, T ledger positions; every (B, T) tensor is aligned by position.
 """
 
@@ -14,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .correction import correction_metrics, importance_weights, masked_mean
+from .correction import behaviour_trust_mask, correction_metrics, importance_weights, masked_mean
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant")
 KL_KINDS = ("k1", "k2", "k3")
@@ -45,6 +46,8 @@ class PolicyLossConfig:
     agg: str  # see `aggregate`
     constant_norm: float  # "constant" aggregation divides the token sum by B * constant_norm
     entropy_coef: float  # loss -= entropy_coef * aggregate(entropy)
+    trust_region: str  # "none" | "clip" | "neg_clip" | "m2": the keep-mask around mu (`behaviour_trust_mask`)
+    m2_tau: float  # the bound on mean (log pi_theta/mu)^2 for trust_region "m2"
 
     @classmethod
     def from_settings(cls, settings: Any) -> "PolicyLossConfig":
@@ -148,10 +151,15 @@ def _finish(loss_BT: torch.Tensor, weight_BT: torch.Tensor, active_BT: torch.Ten
 
 
 def _weights(inp: PolicyLossInputs, cfg: PolicyLossConfig, level: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """The detached weight (B, T) to multiply into the loss, and the correction metrics."""
+    """The detached weight (B, T) to multiply into the loss: the importance weight times the trust
+    region's keep-mask; and the correction metrics, `trust_masked_frac` the share of tokens dropped."""
     iw = importance_weights(inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT, cfg.correction, level,
                             cfg.is_low, cfg.is_high)
-    return iw.weight_BT, correction_metrics(iw, inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT)
+    keep_BT = behaviour_trust_mask(inp.logp_BT, inp.behav_logp_BT, inp.advantages_BT, inp.mask_BT,
+                                   cfg.trust_region, cfg.clip_low, cfg.clip_high, cfg.m2_tau)
+    metrics = correction_metrics(iw, inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT)
+    metrics["trust_masked_frac"] = float(masked_mean(1.0 - keep_BT, inp.mask_BT))
+    return iw.weight_BT * keep_BT, metrics
 
 
 @register_policy_loss("ppo_clip")

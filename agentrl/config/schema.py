@@ -126,6 +126,12 @@ class AlgoConfig(_Base):
     correction_level: Literal["token", "sequence"] = Field("token", description="per token or per sequence weight")
     is_low: float = Field(0.5, ge=0.0, le=1.0, description="lower bound of the weight for 'mask'")
     is_high: float = Field(2.0, ge=1.0, description="truncation cap ('tis') or upper bound ('mask')")
+    trust_region: Literal["none", "clip", "neg_clip", "m2"] = Field(
+        "clip", description="trust region around the behaviour policy mu, acting on pi_theta/mu at any number of "
+                            "mini-batches: clip drops tokens pushed past [1-clip_low, 1+clip_high] the way their "
+                            "advantage points, neg_clip only those with A < 0, m2 the largest (log pi_theta/mu)^2 "
+                            "until their mean is <= m2_tau (M2PO)")
+    m2_tau: float = Field(0.04, gt=0.0, description="trust_region 'm2': bound on the mean squared log ratio")
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
         "token_mean", description="loss aggregation")
     constant_norm: float = Field(1.0, gt=0.0, description="'constant' aggregation divides the token sum by "

@@ -60,6 +60,19 @@ def ds_config(opt: OptimConfig, micro_batch_size: int, grad_accum: int, bf16: bo
     }
 
 
+def disable_dropout(module: torch.nn.Module) -> torch.nn.Module:
+    """Every dropout of `module` set to 0, in place: `nn.Dropout` layers (LoRA's included) and the float
+    rates attention layers read in train mode (`attention_dropout`, `dropout`). Train mode stays
+    (gradient checkpointing needs it). Returns `module`."""
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Dropout):
+            sub.p = 0.0
+        for attr in ("attention_dropout", "dropout"):
+            if isinstance(getattr(sub, attr, None), float):
+                setattr(sub, attr, 0.0)
+    return module
+
+
 def trained_engine(module: torch.nn.Module, opt: OptimConfig, micro_batch_size: int, grad_accum: int,
                    bf16: bool, total_steps: int):
     """A DeepSpeed engine with AdamW over the trainable parameters and the configured schedule."""

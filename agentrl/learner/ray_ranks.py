@@ -19,7 +19,8 @@ from typing import Any, Callable
 import torch
 
 from agentrl.config import ClusterConfig
-from agentrl.learner.rl import Learner, StepMetrics, _weighted
+from agentrl.learner.rl import Learner, StepMetrics
+from agentrl.learner.step_parts import weighted
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def merge_rank_metrics(per_rank: list[list[StepMetrics]]) -> list[StepMetrics]:
         merged.append(StepMetrics(
             loss=sum(m.loss for m in steps), grad_norm=first.grad_norm,
             step_time_s=max(m.step_time_s for m in steps), n_episodes=first.n_episodes,
-            n_tokens=first.n_tokens, policy=_weighted([(m.share, m.policy) for m in steps]),
+            n_tokens=first.n_tokens, policy=weighted([(m.share, m.policy) for m in steps]),
             share=sum(m.share for m in steps)))
     return merged
 

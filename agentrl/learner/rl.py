@@ -21,13 +21,15 @@ import torch
 
 from agentrl import faults
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
-                          aggregate, clip_rewards, correction_metrics, importance_weights, kl_estimate,
-                          kl_penalized_token_rewards, make_kl_controller, masked_mean, value_loss)
+                          aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards, make_kl_controller,
+                          masked_mean, staleness_buckets, value_loss)
 from agentrl.algo.fused_logprobs import temperature_logprobs
 from agentrl.algo.logprobs import picked_logprobs, sampling_entropy, sampling_logits
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import init_single_process_dist
-from agentrl.learner.models import ModelEMA, eval_engine, load_causal_lm, load_value_model, trained_engine
+from agentrl.learner.step_parts import local_grad_norm, rows_mask, weighted, zero_loss
+from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
+                                    trained_engine)
 from agentrl.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,9 @@ class Learner:
         self.micro_per_mini = math.ceil(rows_per_mini / cfg.micro_batch_size)
         optimizer_steps = max(total_steps, 1) * cfg.mini_batches
         self.model_path = model_path
-        self.engine = trained_engine(load_causal_lm(model_path, cfg), cfg, cfg.micro_batch_size,
+        # No dropout in any RL pass: pi_prox (no grad), pi_theta (train mode) and the reference must be
+        # the same function of the weights, or r = pi_theta / pi_prox != 1 at unchanged weights.
+        self.engine = trained_engine(disable_dropout(load_causal_lm(model_path, cfg)), cfg, cfg.micro_batch_size,
                                      self.micro_per_mini, bf16, optimizer_steps)
         self.device = self.engine.device
         self.reference = None
@@ -92,7 +96,7 @@ class Learner:
             if critic is None or critic_path is None:
                 raise ValueError("algo.advantage 'gae' needs a critic (critic config and critic_path)")
             self.critic_cfg = critic
-            self.critic = trained_engine(load_value_model(critic_path, critic), critic, cfg.micro_batch_size,
+            self.critic = trained_engine(disable_dropout(load_value_model(critic_path, critic)), critic, cfg.micro_batch_size,
                                          self.micro_per_mini, bf16, optimizer_steps)
         self.ema = ModelEMA(self.engine.module, cfg.ema_decay, zero3=cfg.zero_stage == 3) if cfg.ema_decay else None
         self.unsup_batches = unsup_batches
@@ -198,9 +202,12 @@ class Learner:
                 for k in range(self.micro_per_mini)]
 
     def _actor_micro_step(self, batch: TrainBatch, rows: slice, old_logp: torch.Tensor,
-                          ref_logp: torch.Tensor | None, weight: float):
+                          ref_logp: torch.Tensor | None, weight: float, reuse: bool):
+        """reuse: pi_prox is this pass's own logp (`reuses_prox`), written into old_logp for the metrics."""
         logp, entropy = self._forward_logprobs(batch, rows, with_entropy=True)
         mask = batch.loss_mask[rows].to(self.device)
+        if reuse:
+            old_logp[rows] = (logp.detach().float() * mask).cpu()
         inputs = PolicyLossInputs(
             logp_BT=logp * mask, old_logp_BT=old_logp[rows].to(self.device),
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
@@ -247,48 +254,42 @@ class Learner:
         for k, sl in enumerate(slices):
             n = float(batch.loss_mask[sl].sum()) if by_tokens else float(sl.stop - sl.start)
             if sl.stop <= sl.start or n == 0:
-                engine.backward(_zero_loss(engine.module), scale_wrt_gas=False)
+                engine.backward(zero_loss(engine.module), scale_wrt_gas=False)
             else:
                 loss_val, metrics = micro_step(sl, n / max(total, 1.0))
                 loss_sum += loss_val
                 metric_rows.append((n, metrics))
             faults.reached("learner_step")  # gradients taken, weights not yet updated
             if k == len(slices) - 1 and zero_stage == 0:
-                grad_norm = _local_grad_norm(engine.module)  # DeepSpeed records it only for ZeRO >= 1
+                grad_norm = local_grad_norm(engine.module)  # DeepSpeed records it only for ZeRO >= 1
             engine.step()
         if zero_stage > 0:
             grad_norm = float(engine.get_global_grad_norm() or float("nan"))
         return loss_sum, grad_norm, metric_rows
 
-    def staleness_metrics(self, batch: TrainBatch, old_logp: torch.Tensor) -> dict[str, float]:
-        """Correction diagnostics per staleness bucket (learner version minus token version), e.g.
-        `stale2/is_ess`: how far behaviour and proximal policies drift as samples age."""
-        out: dict[str, float] = {}
-        token_staleness = self.version - batch.versions
-        for s in sorted(set(token_staleness[batch.loss_mask > 0].tolist())):
-            mask = batch.loss_mask * (token_staleness == s)
-            iw = importance_weights(old_logp, batch.behav_logprobs, mask, self.algo.correction,
-                                    self.algo.correction_level, self.algo.is_low, self.algo.is_high)
-            for key, val in correction_metrics(iw, old_logp, batch.behav_logprobs, mask).items():
-                if key in ("is_ess", "is_corrected_frac", "mismatch_k1", "mismatch_abs"):
-                    out[f"stale{s}/{key}"] = val
-            out[f"stale{s}/tokens"] = float(mask.sum())
-        return out
+    @property
+    def reuses_prox(self) -> bool:
+        """Whether pi_prox is taken from the training pass instead of a no-grad pass of its own (AReaL's
+        reuse_train_logp): with one optimizer step per batch both run on the same weights without dropout,
+        so they are equal and the extra forward pass is waste. Not with a reference, whose KL metrics and
+        reward-mode penalty read pi_prox before training."""
+        return self.algo.mode == "decoupled" and self.cfg.mini_batches == 1 and self.reference is None
 
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
         """Train on one batch: recompute pi_prox (decoupled), reference logprobs and values as needed,
         compute advantages unless the batch has them, then `mini_batches` optimizer steps of the actor
         (skipped during `freeze_actor_steps`) and of the critic. One StepMetrics per optimizer step."""
-        old_logp = self.logprobs(batch) if self.algo.mode == "decoupled" else batch.behav_logprobs
+        actor_trains = self.batches_seen >= self.cfg.freeze_actor_steps
+        reuse = self.reuses_prox and actor_trains
+        old_logp = (torch.zeros_like(batch.behav_logprobs) if reuse else
+                    self.logprobs(batch) if self.algo.mode == "decoupled" else batch.behav_logprobs)
         ref_logp = self.reference_logprobs(batch) if self.reference is not None else None
         old_values = self.values(batch) if self.critic is not None else None
         shaped = {}
         if batch.advantages is None:
             shaped = self.advantages(batch, old_logp, ref_logp, old_values)
-        buckets = self.staleness_metrics(batch, old_logp)
-        actor_trains = self.batches_seen >= self.cfg.freeze_actor_steps
         self.batches_seen += 1
-        results = []
+        results, buckets = [], {}
         per_mini = math.ceil(batch.size / self.cfg.mini_batches)
         for start in range(0, batch.size, per_mini):
             t0 = time.perf_counter()
@@ -299,23 +300,28 @@ class Learner:
                 self.engine.train()
                 loss, grad_norm, metric_rows = self._train_engine(
                     self.engine, self.cfg.zero_stage, batch, rows,
-                    lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w))
+                    lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w, reuse))
                 if self.ema is not None:
                     self.ema.update(self.engine.module)
-            extra = {**shaped, "actor_frozen": float(not actor_trains), "lr": lr}
+            extra = {**shaped, "actor_frozen": float(not actor_trains), "lr": lr, "prox_reused": float(reuse)}
             if self.critic is not None:
                 self.critic.train()
                 vf_loss, vf_norm, vf_rows = self._train_engine(
                     self.critic, self.critic_cfg.zero_stage, batch, rows,
                     lambda sl, w: self._critic_micro_step(batch, sl, old_values, w))
-                extra.update({f"critic/{k}": v for k, v in _weighted(vf_rows).items()})
+                extra.update({f"critic/{k}": v for k, v in weighted(vf_rows).items()})
                 extra.update({"critic/loss": vf_loss, "critic/grad_norm": vf_norm})
             self.version += 1
+            if start == 0:  # pi_prox before any update (reused: from the first step's pass, this rank's rows)
+                seen = batch.loss_mask * rows_mask(batch.size, self._share(rows) if reuse else range(batch.size))
+                buckets = staleness_buckets(old_logp, batch.behav_logprobs, seen, self.version - 1 - batch.versions,
+                                            self.algo.correction, self.algo.correction_level,
+                                            self.algo.is_low, self.algo.is_high)
             results.append(StepMetrics(
                 loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
-                policy={**_weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
+                policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
         return results
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -366,33 +372,6 @@ class Learner:
         model.load_state_dict(state, strict=False)
         model.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
-
-
-def _local_grad_norm(module: torch.nn.Module) -> float:
-    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
-
-
-def _zero_loss(module: torch.nn.Module) -> torch.Tensor:
-    """A loss of exactly 0 that still touches every trainable parameter, for an empty micro-step."""
-    return sum(p.sum() * 0.0 for p in module.parameters() if p.requires_grad)
-
-
-def _weighted(rows: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-    """Combine per-micro-batch metrics, weighted by their token (or row) counts; max/min stay max/min."""
-    if not rows:
-        return {}
-    total = sum(n for n, _ in rows) or 1.0
-    out: dict[str, float] = {}
-    for key in rows[0][1]:
-        vals = [m[key] for _, m in rows if key in m]
-        if key.endswith("_max"):
-            out[key] = max(vals)
-        elif key.endswith("_min"):
-            out[key] = min(vals)
-        else:
-            out[key] = sum(n * m.get(key, 0.0) for n, m in rows) / total
-    return out
 
 
 def _cpu_float32(t: torch.Tensor, copy: bool) -> torch.Tensor:

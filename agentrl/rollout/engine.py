@@ -16,6 +16,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -82,6 +83,10 @@ class Engine:
         self.version = 0
         self._ids = itertools.count()
         self._lock = asyncio.Lock()  # one weight update at a time
+        # Per open stream: tokens read so far, and the cuts [(token index, version before)] of each weight
+        # update that landed while it was open (`_version_at`).
+        self._read: dict[str, int] = {}
+        self._cuts: dict[str, list[tuple[int, int]]] = {}
 
     @classmethod
     def start(cls, model_path: str, cfg: EngineConfig, eos_id: int, tensor_parallel_size: int = 1) -> "Engine":
@@ -106,8 +111,9 @@ class Engine:
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None) -> Generation:
-        """Sample one turn. Tokens are stamped with the engine version current when they arrive: a
-        weight update pauses the engine, so tokens that arrive after it were sampled with the new weights."""
+        """Sample one turn. Each token is stamped with the version of the weights that sampled it: a weight
+        update pauses the engine, and the tokens sampled before it keep the old version however late they
+        are read (`load_weights_file`)."""
         gen = Generation()
         async for delta in self.stream(prompt_ids, max_tokens, temperature, top_p, seed):
             gen.token_ids += delta.token_ids
@@ -129,16 +135,52 @@ class Engine:
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, logprobs=0, seed=seed,
             stop_token_ids=[self.eos_id], output_kind=RequestOutputKind.DELTA, detokenize=False,
         )
-        outputs = self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id=f"req-{next(self._ids)}")
+        rid = f"req-{next(self._ids)}"
+        self._read[rid], self._cuts[rid] = 0, []
+        outputs = self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id=rid)
         try:
             async for out in outputs:
                 completion = out.outputs[0]
-                version = self.version
                 new_ids = list(completion.token_ids)
+                start = self._read[rid]
+                self._read[rid] = start + len(new_ids)
+                versions = [self._version_at(rid, start + i) for i in range(len(new_ids))]
                 logprobs = [float(lp[tok].logprob) for tok, lp in zip(new_ids, completion.logprobs or [])]
-                yield Generation(new_ids, logprobs, [version] * len(new_ids), completion.finish_reason)
+                yield Generation(new_ids, logprobs, versions, completion.finish_reason)
         finally:
+            self._read.pop(rid, None)
+            self._cuts.pop(rid, None)
             await outputs.aclose()
+
+    def _version_at(self, rid: str, index: int) -> int:
+        """The version of the weights that sampled token `index` of stream `rid`: the version before the
+        first update whose cut lies past the token, else the current one."""
+        for cut, before in self._cuts[rid]:
+            if index < cut:
+                return before
+        return self.version
+
+    async def _sampled_so_far(self) -> dict[str, int]:
+        """Tokens each open stream's request has been sampled, read or not. Called while generation is
+        paused: wait until vLLM's output queue is drained, then count what each request's output
+        collector holds unread (with delta outputs, unread steps are merged there) on top of what the
+        stream has read. A request vLLM no longer tracks has finished: nothing more will be sampled
+        for it, so all its tokens, read or not, are counted (sys.maxsize)."""
+        core = getattr(self.llm, "engine_core", None)
+        queue = getattr(core, "outputs_queue", None)
+        for _ in range(1000):  # bounded: the engine is paused, so the queue only empties
+            if queue is None or queue.empty():
+                break
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0)  # the output handler finishes the batch it dequeued last
+        states = getattr(getattr(self.llm, "output_processor", None), "request_states", None)
+        if states is None:  # not vLLM's AsyncLLM: count what was read
+            return dict(self._read)
+        unread: dict[str, int] = {}
+        for state in list(states.values()):
+            pending = getattr(state.queue, "output", None)
+            unread[state.external_req_id] = sum(len(o.token_ids) for o in getattr(pending, "outputs", None) or [])
+        return {rid: n + unread[rid] if rid in unread else sys.maxsize for rid, n in self._read.items()}
 
     async def score(self, token_ids: list[int]) -> list[float]:
         """log p(token_ids[t] | token_ids[:t]) for t >= 1 under the served weights (prompt logprobs)."""
@@ -160,6 +202,11 @@ class Engine:
             await self.llm.pause_generation(mode="keep", clear_cache=True)
             try:
                 await self.llm.collective_rpc("agentrl_load_weights_file", args=(path,))
+                # Tokens sampled before the pause keep the old version even if their stream reads them
+                # after the update: each open stream gets a cut at the count sampled so far.
+                for rid, sampled in (await self._sampled_so_far()).items():
+                    if rid in self._cuts:
+                        self._cuts[rid].append((sampled, self.version))
                 self.version = version
             finally:
                 await self.llm.resume_generation()

@@ -1,0 +1,55 @@
+"""Settings that cannot act under the rest of the configuration: each one a start-up warning that names
+it and says why, so a setting never does nothing silently. Pure: reads a `Config`, returns sentences."""
+
+from __future__ import annotations
+
+from agentrl.config.schema import Config
+
+_RATIO_LOSSES = ("ppo_clip", "gspo", "cispo")
+
+
+def inert_settings(cfg: Config) -> list[str]:
+    """One sentence per setting the user gave (or a default that matters) that has no effect here."""
+    algo, given = cfg.algo, cfg.algo.model_fields_set
+    out: list[str] = []
+
+    def named(*keys: str) -> list[str]:
+        return [k for k in keys if k in given]
+
+    one_step = algo.mode == "decoupled" and cfg.learner.mini_batches == 1 and algo.policy_loss in _RATIO_LOSSES
+    if one_step:
+        # trust_region clip reads both bounds (around mu), neg_clip only clip_low
+        used = {"clip": ("clip_low", "clip_high"), "neg_clip": ("clip_low",)}.get(algo.trust_region, ())
+        ratio_keys = ["dual_clip"] if algo.dual_clip is not None else []
+        ratio_keys += [k for k in named("clip_low", "clip_high") if k not in used]
+        for key in ratio_keys:
+            out.append(f"algo.{key}={getattr(algo, key)} has no effect: with algo.mode=decoupled and "
+                       f"learner.mini_batches=1 the ratio pi_theta/pi_prox is exactly 1 where the gradient is taken, "
+                       f"so no ratio clip acts; bound the update with algo.trust_region (clip, neg_clip or m2), "
+                       f"which acts on pi_theta/mu")
+    if algo.mode == "bypass":
+        for key in named("correction", "correction_level", "is_low", "is_high"):
+            out.append(f"algo.{key}={getattr(algo, key)} has no effect: in algo.mode=bypass the ratio's denominator is "
+                       f"mu itself, so the importance weight pi_old/mu is 1")
+        if algo.policy_loss == "ppo_clip" and algo.trust_region in ("clip", "neg_clip") and named("trust_region"):
+            out.append(f"algo.trust_region={algo.trust_region} repeats PPO's own clip in algo.mode=bypass, where the "
+                       f"ratio is already taken against mu")
+    else:
+        if algo.correction != "mask":
+            out += [f"algo.is_low={algo.is_low} has no effect: only algo.correction=mask uses a lower bound"
+                    for _ in named("is_low")]
+        if algo.correction == "none":
+            out += [f"algo.is_high={algo.is_high} has no effect with algo.correction=none" for _ in named("is_high")]
+    if algo.trust_region != "m2":
+        out += [f"algo.m2_tau={algo.m2_tau} has no effect: algo.trust_region is {algo.trust_region}, not m2"
+                for _ in named("m2_tau")]
+    if algo.advantage != "gae":
+        out += [f"algo.{k}={getattr(algo, k)} has no effect: it belongs to algo.advantage=gae" for k in
+                named("gamma", "lam", "value_clip")]
+    if algo.kl_coef == 0:
+        out += [f"algo.{k}={getattr(algo, k)} has no effect: algo.kl_coef is 0 (no KL term)" for k in
+                named("kl_estimator", "kl_mode", "kl_controller", "kl_target", "kl_horizon")]
+    if cfg.learner.lora.rank > 0 and cfg.learner.lora.dropout > 0:
+        out.append(f"learner.lora.dropout={cfg.learner.lora.dropout} has no effect in RL: every learner pass runs "
+                   f"without dropout, so pi_prox, pi_theta and the reference are the same function of the weights")
+    return out

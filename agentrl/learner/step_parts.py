@@ -1,0 +1,40 @@
+"""Small pieces of a learner step: the local gradient norm, an empty micro-step's loss, the mask of a
+rank's rows, and how per-micro-batch (or per-rank) metrics combine."""
+
+from __future__ import annotations
+
+import torch
+
+
+def local_grad_norm(module: torch.nn.Module) -> float:
+    grads = [p.grad.detach().float() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+
+
+def rows_mask(size: int, rows: range) -> torch.Tensor:
+    """(size, 1) float: 1 on `rows`."""
+    out = torch.zeros(size, 1)
+    out[rows.start:rows.stop] = 1.0
+    return out
+
+
+def zero_loss(module: torch.nn.Module) -> torch.Tensor:
+    """A loss of exactly 0 that still touches every trainable parameter, for an empty micro-step."""
+    return sum(p.sum() * 0.0 for p in module.parameters() if p.requires_grad)
+
+
+def weighted(rows: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+    """Combine per-micro-batch metrics, weighted by their token (or row) counts; max/min stay max/min."""
+    if not rows:
+        return {}
+    total = sum(n for n, _ in rows) or 1.0
+    out: dict[str, float] = {}
+    for key in rows[0][1]:
+        vals = [m[key] for _, m in rows if key in m]
+        if key.endswith("_max"):
+            out[key] = max(vals)
+        elif key.endswith("_min"):
+            out[key] = min(vals)
+        else:
+            out[key] = sum(n * m.get(key, 0.0) for n, m in rows) / total
+    return out
