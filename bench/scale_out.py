@@ -13,7 +13,7 @@ Part 1: the same seeded episodes (`RolloutPool.evaluate`) on a Ray fleet of 1 en
   tokens/s per round and the ratio of the medians.
 Part 2: two training runs of the real CLI from the same model on this workload, `max_staleness: 0`
   (synchronous: generation waits for every step and every push) and `max_staleness: 4` (asynchronous;
-  both with `algo.mode=bypass` and `algo.dual_clip=3`, see WORKLOAD), evaluated every `--eval-every` steps on the same held-out tasks. Prints
+  both with the shipped off-policy defaults, see WORKLOAD), evaluated every `--eval-every` steps on the same held-out tasks. Prints
   both eval curves, and for each target (the warm start's score + each of `--deltas`) the wall-clock
   from the start of training until each run's held-out score first reaches it, with the ratio
   sync / async (the speed-up) where both do; and both runs' final scores. With several `--seeds`
@@ -39,21 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import ROOT, median, progress, resolve_model, run_uvloop, table
 
 ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
-# algo.mode=bypass: the PPO ratio is taken against the behaviour policy mu, so its clip is a trust region
-# around the policy that sampled the tokens. In decoupled mode with one optimizer step per batch the
-# ratio is against pi_prox = the current weights, so nothing bounds how far a 4-step-stale batch pushes
-# the policy past mu: measured on this workload, decoupled runs (tis or mask correction) collapsed within
-# 20 steps (mean |log pi_prox - log mu| rising from 0.13 to 2.1, held-out score 0.71 -> 0.08), while
-# bypass stayed stable (clip_frac 1-15 %). At max_staleness 0 the two modes are the same update.
-# algo.dual_clip=3 (verl's clip_ratio_c): for a negative advantage PPO's loss r * A is unbounded in r, and
-# a 4-step-stale batch can carry r >> 1 + eps. Without it 1 of 5 200-step bypass runs at staleness 4
-# collapsed (held-out 0.784 -> 0.41 at step ~95); with it 0 of 3 did. Thin evidence for a rare event,
-# so it is here as the bound on the term stale batches inflate; at staleness 0 r stays near 1 and it never binds.
+# Both runs use the shipped off-policy defaults (decoupled PPO, truncated IS, algo.trust_region=clip).
+# Before the trust region, decoupled mode with one optimizer step per batch had no bound on how far a
+# 4-step-stale batch pushes the policy past mu (the ratio against pi_prox is 1 where the gradient is
+# taken) and collapsed here within 20 steps; this benchmark then ran algo.mode=bypass with algo.dual_clip=3.
+# bench/staleness.py compares those recipes with the default.
 SMOOTH = 3  # time to target on the mean of this many consecutive evals (robust to one noisy eval)
 WORKLOAD = ["env.import_path=envs.guess_number:GuessNumberEnv", "env.kwargs.max_turns=16",
             f"env.kwargs.turn_penalty={ENV_KWARGS['turn_penalty']}", "rollout.max_turns=16",
-            "rollout.max_tokens_per_turn=6", "engine.max_model_len=512", "algo.mode=bypass",
-            "algo.dual_clip=3"]
+            "rollout.max_tokens_per_turn=6", "engine.max_model_len=512"]
 
 
 async def fleet_round_rates(model: str, engines: int, episodes: int, rounds: int) -> tuple[list[float], Counter]:
