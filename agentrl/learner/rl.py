@@ -27,9 +27,9 @@ from agentrl.algo.fused_logprobs import temperature_logprobs
 from agentrl.algo.logprobs import picked_logprobs, sampling_entropy, sampling_logits
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import init_single_process_dist
-from agentrl.learner.step_parts import local_grad_norm, rows_mask, weighted, zero_loss
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
+from agentrl.learner.step_parts import local_grad_norm, rows_mask, weighted, zero_loss
 from agentrl.types import TrainBatch
 
 log = logging.getLogger(__name__)
