@@ -22,11 +22,13 @@ def inert_settings(cfg: Config) -> list[str]:
         used = {"clip": ("clip_low", "clip_high"), "neg_clip": ("clip_low",)}.get(algo.trust_region, ())
         ratio_keys = ["dual_clip"] if algo.dual_clip is not None else []
         ratio_keys += [k for k in named("clip_low", "clip_high") if k not in used]
+        bound = (f"the update is bounded by algo.trust_region={algo.trust_region}, which acts on pi_theta/mu"
+                 if algo.trust_region != "none" else
+                 "bound the update with algo.trust_region (clip, neg_clip or m2), which acts on pi_theta/mu")
         for key in ratio_keys:
             out.append(f"algo.{key}={getattr(algo, key)} has no effect: with algo.mode=decoupled and "
                        f"learner.mini_batches=1 the ratio pi_theta/pi_prox is exactly 1 where the gradient is taken, "
-                       f"so no ratio clip acts; bound the update with algo.trust_region (clip, neg_clip or m2), "
-                       f"which acts on pi_theta/mu")
+                       f"so no ratio clip acts; {bound}")
     if algo.mode == "bypass":
         for key in named("correction", "correction_level", "is_low", "is_high"):
             out.append(f"algo.{key}={getattr(algo, key)} has no effect: in algo.mode=bypass the ratio's denominator is "
