@@ -84,6 +84,11 @@ def plan(args) -> list[tuple[str, str, int, int]]:
     return runs
 
 
+def ordered_settings(runs: dict[tuple[str, int, int], dict]) -> list[tuple[str, int]]:
+    """The (method, staleness) pairs that ran, the shipped default first, then by name and staleness."""
+    return sorted({(m, s) for m, s, _ in runs}, key=lambda k: (k[0] != "default", k[0], k[1]))
+
+
 def fmt(x: float | None, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -92,8 +97,9 @@ def report(workload: str, runs: dict[tuple[str, int, int], dict], deltas: tuple[
     seeds = sorted({seed for _, _, seed in runs})
     ref = [runs[("default", 0, seed)] for seed in seeds if ("default", 0, seed) in runs]
     ref_mean = statistics.mean(r["summary"]["eval_after"]["score"] for r in ref) if ref else None
+    settings = ordered_settings(runs)
     rows = []
-    for (method, s) in sorted({(m, s) for m, s, _ in runs}, key=lambda k: (k[0] != "default", k[0], k[1])):
+    for (method, s) in settings:
         got = [runs[(method, s, seed)] for seed in seeds if (method, s, seed) in runs]
         final = [r["summary"]["eval_after"]["score"] for r in got]
         gain = [r["summary"]["eval_after"]["score"] - r["summary"]["eval_before"]["score"] for r in got]
@@ -105,7 +111,7 @@ def report(workload: str, runs: dict[tuple[str, int, int], dict], deltas: tuple[
                  "mean - staleness 0"], rows,
                 f"\n{workload}: held-out score after {steps} steps, seeds {seeds} (warm start per seed: {warm})"))
     rows = []
-    for (method, s) in sorted({(m, s) for m, s, _ in runs}, key=lambda k: (k[0] != "default", k[0], k[1])):
+    for (method, s) in settings:
         for d in deltas:
             row = [method, s, f"+{d:.2f}"]
             for window in (1, SMOOTH):
@@ -128,7 +134,7 @@ def report(workload: str, runs: dict[tuple[str, int, int], dict], deltas: tuple[
                  "min (seeds with both)"], rows,
                 f"\n{workload}: wall-clock from the start of RL to the target (warm start + delta), per seed"))
     rows = []
-    for (method, s) in sorted({(m, s) for m, s, _ in runs}, key=lambda k: (k[0] != "default", k[0], k[1])):
+    for (method, s) in settings:
         got = [runs[(method, s, seed)] for seed in seeds if (method, s, seed) in runs]
         step_s = statistics.mean(r["summary"]["train"]["seconds"] / steps for r in got)
         learn_s = statistics.mean(sum(x["learner_step_s"] for x in r["records"]) / steps for r in got)
@@ -143,7 +149,7 @@ def draw(path: str, workloads: dict[str, dict]) -> None:
     fig = Figure(figsize=(6.5 * len(workloads), 4.5), dpi=110)
     for i, (workload, runs) in enumerate(workloads.items()):
         ax = fig.add_subplot(1, len(workloads), i + 1)
-        keys = sorted({(m, s) for m, s, _ in runs}, key=lambda k: (k[0] != "default", k[0], k[1]))
+        keys = ordered_settings(runs)
         for j, key in enumerate(keys):
             color = f"C{j % 10}"
             for n, seed in enumerate(sorted(seed for m, s, seed in runs if (m, s) == key)):

@@ -18,9 +18,9 @@ def hf_logprobs(model, prompt: list[int], generated: list[int]) -> list[float]:
 
 
 def test_tokens_sampled_before_a_push_keep_their_version_when_read_after_it(tiny_model, tmp_path):
-    """An untrained one-layer model (it almost never samples EOS, so every stream is long) and the same
-    weights with noise as version 1; six streams read one delta every 0.5 s while vLLM samples faster,
-    so at the push each holds sampled-but-unread tokens. Each token's logprob must be its stamped
+    """An untrained one-layer model (it rarely samples EOS, so streams are long) and the same weights
+    with noise as version 1, pushed once all six streams have started; they read one delta every 0.5 s
+    while vLLM samples faster, so at the push each holds sampled-but-unread tokens. Each token's logprob must be its stamped
     version's (Hugging Face float32, 5e-3), and both versions must occur."""
     model_dir = tiny_model
     from transformers import AutoModelForCausalLM
@@ -41,12 +41,13 @@ def test_tokens_sampled_before_a_push_keep_their_version_when_read_after_it(tiny
     save_file(state, str(path))
     prompt = tok.encode("Count from 1 to 40.", add_special_tokens=False)
 
-    async def slow_reader(engine: Engine, seed: int) -> tuple[list[int], list[float], list[int]]:
+    async def slow_reader(engine: Engine, seed: int, started: asyncio.Event) -> tuple[list, list, list]:
         ids, lps, vers = [], [], []
-        async for delta in engine.stream(prompt, 300, temperature=1.0, seed=seed):
+        async for delta in engine.stream(prompt, 400, temperature=1.0, seed=seed):
             ids += delta.token_ids
             lps += delta.logprobs
             vers += delta.versions
+            started.set()
             await asyncio.sleep(0.5)  # the engine samples faster than this reads: steps pile up unread
         return ids, lps, vers
 
@@ -54,8 +55,12 @@ def test_tokens_sampled_before_a_push_keep_their_version_when_read_after_it(tiny
         engine = Engine.start(model_dir, EngineConfig(max_num_seqs=8, seed=0), tok.eos_token_id)
         try:
             await engine.generate(prompt, 8)  # the first step is slow (warm-up); the timing below starts after it
-            readers = [asyncio.create_task(slow_reader(engine, s)) for s in range(6)]
-            await asyncio.sleep(0.7)
+            started = [asyncio.Event() for _ in range(6)]
+            readers = [asyncio.create_task(slow_reader(engine, s, started[s])) for s in range(6)]
+            # Push mid-stream: after every reader has its first delta (so all are sampling), while they sleep
+            # and unread steps pile up, long before 400 tokens are sampled.
+            await asyncio.gather(*(e.wait() for e in started))
+            await asyncio.sleep(0.25)
             await engine.load_weights_file(str(path), 1)
             return await asyncio.gather(*readers)
         finally:

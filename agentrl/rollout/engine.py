@@ -144,7 +144,9 @@ class Engine:
                 new_ids = list(completion.token_ids)
                 start = self._read[rid]
                 self._read[rid] = start + len(new_ids)
-                versions = [self._version_at(rid, start + i) for i in range(len(new_ids))]
+                cuts = self._cuts[rid]  # empty unless a weight update landed while this stream was open
+                versions = ([self._version_at(rid, start + i) for i in range(len(new_ids))] if cuts
+                            else [self.version] * len(new_ids))
                 logprobs = [float(lp[tok].logprob) for tok, lp in zip(new_ids, completion.logprobs or [])]
                 yield Generation(new_ids, logprobs, versions, completion.finish_reason)
         finally:
