@@ -28,6 +28,7 @@ class Turn:
     n_generated: int  # generated tokens (loss mask 1) in this turn
     text: str  # decoded model output of this turn
     env_tokens: int = 0  # tokens appended for the env's reply after this turn
+    env_s: float = 0.0  # seconds the env's step took on this turn (agentrl.check prints it)
 
 
 @dataclass
@@ -61,7 +62,9 @@ class Episode:
     prompt_len: int = 0  # tokens of the first rendered prompt
     reward: float = 0.0
     status: EpisodeStatus = "ok"
-    error: str = ""  # what went wrong when status is not ok/truncated
+    error: str = ""  # what went wrong when status is not ok/truncated: one line, with the user's file:line
+    traceback: str = ""  # the full traceback behind `error`, when user code (Env, agent, rule) raised
+    sample: int = 0  # index of this episode within its group
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
@@ -89,6 +92,12 @@ class Episode:
         """Every segment of the ledger, the current one last: the rows this episode trains as."""
         current = Segment(self.tokens, self.loss_mask, self.logprobs, self.versions, self.prompt_len, "")
         return [*self.segments, current] if self.tokens or not self.segments else list(self.segments)
+
+    @property
+    def label(self) -> str:
+        """How logs name this episode: group (the task's stream position) and sample, and the task id."""
+        where = f"{self.group_id}.{self.sample}" if self.group_id >= 0 else f"eval {-1 - self.group_id}"
+        return f"episode {where} (task {self.task_id or '<no id>'})"
 
     @property
     def n_generated(self) -> int:

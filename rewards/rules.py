@@ -27,6 +27,7 @@ import math
 import re
 from typing import Any, Callable
 
+from agentrl.tracebacks import describe
 from agentrl.types import Episode
 from rewards.base import RewardFn, RewardResult
 
@@ -122,7 +123,10 @@ async def rule_reward(episode: Episode, fn: RuleFn, answer_key: str = "answer") 
     try:
         value = float(fn(completion, task[answer_key]))
     except Exception as exc:  # user rule code: any failure is reported, never scored as 0
-        return _error(f"{rule} raised {type(exc).__name__}: {exc}", rule)
+        line, trace = describe(exc)
+        result = _error(f"{rule} raised {line}", rule)
+        result.info["traceback"] = trace
+        return result
     if not math.isfinite(value):
         return _error(f"{rule} returned non-finite value {value!r}", rule)
     return RewardResult(value, "ok", {"rule": rule})

@@ -123,6 +123,7 @@ class RewardCombiner:
         if failed:
             episode.status = "reward_error"
             episode.error = "; ".join(f"{name}: {r.status} ({r.info.get('error', '')})" for name, r in failed)
+            episode.traceback = next((r.info["traceback"] for _, r in failed if r.info.get("traceback")), "")
             return
         episode.reward = sum(e.weight * r.value for (e, _), r in zip(self.sources, results))
 

@@ -95,6 +95,12 @@ def run(coro, timeout: float = 10):
 # ---------------------------------------------------------------- one failure at a time
 
 
+def line_of(text: str) -> int:
+    """The line of this file that holds `text`."""
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line and "line_of" not in line)
+
+
 def test_healthy_episode(tiny_tokenizer):
     log: list = []
     ep = run(run_episode(task("healthy"), HangingEngine(tiny_tokenizer, policy(tiny_tokenizer)),
@@ -116,7 +122,14 @@ def test_failure_sets_status_and_error(tiny_tokenizer, mode, status, error, n_ge
     engine = HangingEngine(tiny_tokenizer, policy(tiny_tokenizer))
     ep = run(run_episode(task(mode), engine, make_spec(tiny_tokenizer, log)))
     assert ep.status == status
-    assert ep.error == error
+    if status == "env_error":  # the user's code raised: its file, line and function are named, with the traceback
+        kind, message = error.split(": ", 1)
+        raised_at = line_of(f'raise {kind}("{message}")')
+        assert ep.error == f"{error} (at {__file__}:{raised_at} in {'reset' if 'reset' in mode else 'step'})"
+        assert f'File "{__file__}", line {raised_at}' in ep.traceback
+        assert ep.traceback.startswith("Traceback") and ep.traceback.endswith(error)
+    else:
+        assert (ep.error, ep.traceback) == (error, "")
     assert ep.n_generated == n_generated
     assert ep.reward == 0.0 and not ep.success
     assert not ep.trainable
@@ -144,7 +157,8 @@ class InitRaisesEnv(GuessNumberEnv):
 def test_env_constructor_failure_is_env_error(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, GUESSES)
     ep = run(run_episode(task("healthy"), engine, make_spec(tiny_tokenizer, [], env_cls=InitRaisesEnv)))
-    assert (ep.status, ep.error) == ("env_error", "TypeError: bad constructor")
+    raised_at = line_of('raise TypeError("bad constructor")')
+    assert (ep.status, ep.error) == ("env_error", f"TypeError: bad constructor (at {__file__}:{raised_at} in __init__)")
     assert engine.calls == []
 
 

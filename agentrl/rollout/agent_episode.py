@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import traceback
 from typing import Any
 
 from agentrl.rollout.episode import finish_episode, new_episode
 from agentrl.rollout.session import Limits
+from agentrl.tracebacks import describe
 from agentrl.types import Episode
 
 
@@ -90,4 +90,4 @@ def _set_status(ep: Episode, session: Any, exc: BaseException | None) -> None:
         ep.status = "truncated"
     elif exc is not None:
         ep.status = "env_error"
-        ep.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        ep.error, ep.traceback = describe(exc)

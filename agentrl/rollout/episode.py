@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -17,6 +17,7 @@ from agentrl.config import RolloutConfig
 from agentrl.rollout.engine import Generation
 from agentrl.env import Action, Env, to_messages
 from agentrl.tools import get_tool_parser, record_tool_turn
+from agentrl.tracebacks import describe
 from agentrl.types import Episode, Turn
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,9 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
         record_tool_turn(ep.info, calls, parse_error)
         ep.messages.append({"role": "assistant", "content": text})
         ep.turns.append(Turn(start=start, n_generated=len(gen.token_ids), text=text))
+        t_env = time.perf_counter()
         result = await asyncio.wait_for(env.step(Action(text, calls, parse_error)), cfg.turn_timeout_s)
+        ep.turns[-1].env_s = time.perf_counter() - t_env
         ep.reward += float(result.reward)
         ep.success = bool(result.info.get("success", ep.success))
         ep.info.setdefault("env", {}).update(result.info)  # the latest value of each key the env reported
@@ -140,7 +143,7 @@ async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpe
         ep.status, ep.error = "engine_error", str(exc)
     except Exception as exc:  # user Env code: isolate it from the run
         ep.status = "env_error"
-        ep.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        ep.error, ep.traceback = describe(exc)
     finally:
         await finish_episode(ep, env, spec)
     return ep
