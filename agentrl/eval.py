@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     from agentrl.cluster import ClusterError
+    from agentrl.rollout.failures import EpisodesFailing
     from agentrl.rollout.fleet import FleetFailed
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             report = runner.run(evaluate(cfg, prep, args.samples))
         except ConfigError as exc:  # the model folder's chat template
             return input_error(exc)
-        except (ClusterError, FleetFailed) as exc:
+        except (ClusterError, FleetFailed, EpisodesFailing) as exc:
             print(f"eval failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
     print(format_report(report))

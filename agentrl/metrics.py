@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,11 @@ log = logging.getLogger(__name__)
 
 
 class TqdmHandler(logging.Handler):
-    """Log lines that do not break the progress bar."""
+    """Log lines that do not break the progress bar, on stderr as the bar is: stdout carries only what
+    a command prints as its result (the summary, a report), so it can be piped."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        tqdm.write(self.format(record))
+        tqdm.write(self.format(record), file=sys.stderr)
 
 
 def setup_logging(level: int = logging.INFO) -> None:

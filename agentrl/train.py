@@ -29,7 +29,7 @@ from agentrl.config.inert import inert_settings
 from agentrl.checkpoint import RunState
 from agentrl.data import TaskStream
 from agentrl.metrics import MetricsSink, print_summary, setup_logging
-from agentrl.rollout.pool import Producer, RolloutPool, score_episodes
+from agentrl.rollout.pool import Producer, RolloutPool, score_episodes, unless_failed
 from agentrl.startup import (Prepared, input_error, load_model_format, prepare, start_agent_server, start_workers,
                              stop_agent_server, stop_workers)
 from agentrl.types import TrainBatch
@@ -43,8 +43,9 @@ def _run_errors() -> tuple[type[Exception], ...]:
     from agentrl.rollout.fleet import FleetFailed
 
     from agentrl.learner.ray_ranks import LearnerRankDied
+    from agentrl.rollout.failures import EpisodesFailing
 
-    return ClusterError, FleetFailed, LearnerRankDied
+    return ClusterError, FleetFailed, LearnerRankDied, EpisodesFailing
 
 
 def make_train_batch(assembly: BatchAssembly, pad_id: int) -> TrainBatch:
@@ -80,16 +81,6 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
         rec.update(pool.spec.server.stats())
     rec.update({f"buffer/{k}": v for k, v in buffer.stats().items()})
     return rec
-
-
-async def unless_failed(coro, failed: asyncio.Future):
-    """Await `coro`, unless `failed` (the fleet's) gets an exception first: then raise it."""
-    task = asyncio.ensure_future(coro)
-    await asyncio.wait([task, failed], return_when=asyncio.FIRST_COMPLETED)
-    if not task.done():
-        task.cancel()
-        raise failed.exception()
-    return task.result()
 
 
 @dataclass
@@ -134,7 +125,7 @@ async def train_loop(lp: Loop) -> dict[str, Any]:
     max_stale_seen = state.max_staleness_seen if state else 0
     try:
         for step in range(state.step if state else 0, cfg.train.steps):
-            assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed)
+            assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed)
             batch = make_train_batch(assembly, lp.pad_id)
             # Checked again on the tensors the learner actually trains on, independently of the buffer.
             trained_staleness = learner.version - int(batch.versions[batch.loss_mask > 0].min())
@@ -146,6 +137,7 @@ async def train_loop(lp: Loop) -> dict[str, Any]:
             if learner.version % cfg.weight_sync.every_steps == 0 or step == cfg.train.steps - 1:
                 await sync.push(learner.version)
             rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
+            pool.failures.flush(f"step {step}")
             rec["trained_staleness_max"] = trained_staleness
             rec.update(producer.metrics())
             rec.update(engine_restarts=fleet.stats()["engine_restarts"], engine_version_min=fleet.version)
@@ -250,12 +242,12 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
         summary["train"]["seconds"] = time.perf_counter() - t_train
         await fleet.wait_restarts()  # the held-out eval runs on the whole fleet
         summary["fleet"] = fleet.stats()
+        if cfg.train.save_model:  # before the eval after RL, which can end the run (EpisodesFailing)
+            summary["saved_model"] = os.path.join(cfg.train.out_dir, "model")
+            await asyncio.to_thread(learner.save, summary["saved_model"], tokenizer)
         if cfg.train.eval_after:
             summary["eval_after"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
             log.info("eval after RL: %s", summary["eval_after"])
-        if cfg.train.save_model:
-            summary["saved_model"] = os.path.join(cfg.train.out_dir, "model")
-            await asyncio.to_thread(learner.save, summary["saved_model"], tokenizer)
         summary["wall_s"] = time.perf_counter() - t_start
         sink.write_summary(summary)
         return summary

@@ -93,6 +93,10 @@ class RolloutConfig(_Base):
     max_concurrency: int = Field(64, ge=1, le=100_000, description="episodes in flight at once")
     episode_timeout_s: float = Field(120.0, gt=0, description="deadline for a whole episode")
     turn_timeout_s: float = Field(30.0, gt=0, description="deadline for one generate call or one env step")
+    fail_after: int = Field(128, ge=0, description="end the run (exit 1, with the first failure's traceback) when "
+                            "this many episodes in a row fail (env_error, timeout, engine_error, reward_error) with "
+                            "none finishing; at least max_concurrency + 1 count, since one engine death fails every "
+                            "episode in flight on it; 0 = never")
     tool_parser: str = Field("hermes", description="name in agentrl.tools.TOOL_PARSERS that reads tool calls "
                                                    "from a model turn; 'pkg.module:name' imports pkg.module first")
 

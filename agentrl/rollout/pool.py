@@ -20,6 +20,7 @@ from agentrl import faults
 from agentrl.algo import informative_groups
 from agentrl.buffer import BufferClosed, StalenessBuffer
 from agentrl.rollout.episode import EpisodeSpec, GenerateFn, run_episode
+from agentrl.rollout.failures import FailureWatch
 from agentrl.tools import ToolCallStats
 from agentrl.types import TRAINABLE_STATUSES, Episode, Group
 
@@ -33,7 +34,11 @@ class Scorer(Protocol):
 
 
 class RolloutPool:
-    """Runs episodes concurrently on the current event loop under a concurrency cap, and counts them."""
+    """Runs episodes concurrently on the current event loop under a concurrency cap, and counts them.
+
+    Failed episodes go to `failures` (agentrl.rollout.failures): aggregated logs, and `failed`, a
+    future that gets `EpisodesFailing` once failures persist; whoever drives the pool awaits it
+    beside its own work (`evaluate` does)."""
 
     def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None) -> None:
         self.engine, self.spec, self.scorer = engine, spec, scorer
@@ -43,8 +48,18 @@ class RolloutPool:
         self.generated_tokens = 0
         self.tool_stats = ToolCallStats()  # tool_calls, tool_parse_errors, turns, episodes_without_tool_call
         self.started = time.perf_counter()
+        self.failures = FailureWatch.for_rollout(spec.cfg.fail_after, spec.cfg.max_concurrency)
+        self._failed: asyncio.Future | None = None
 
-    async def episode(self, task: dict[str, Any], group_id: int, seed: int | None = None) -> Episode:
+    @property
+    def failed(self) -> asyncio.Future:
+        """Gets `EpisodesFailing` once failures persist (made on first use, on the running loop)."""
+        if self._failed is None:
+            self._failed = asyncio.get_running_loop().create_future()
+        return self._failed
+
+    async def episode(self, task: dict[str, Any], group_id: int, seed: int | None = None,
+                      sample: int = 0) -> Episode:
         async with self._sem:
             self.in_flight += 1
             try:
@@ -52,6 +67,7 @@ class RolloutPool:
                 lease = getattr(self.engine, "lease", None)
                 async with (lease() if lease else contextlib.nullcontext(self.engine)) as engine:
                     ep = await run_episode(task, engine, self.spec, group_id, seed)
+                ep.sample = sample
                 faults.reached("generation")  # this episode is done; others are mid-generation
             finally:
                 self.in_flight -= 1
@@ -60,21 +76,42 @@ class RolloutPool:
         self.status_counts[ep.status] += 1
         self.generated_tokens += ep.n_generated
         self.tool_stats.add_episode(ep)
-        if ep.status not in TRAINABLE_STATUSES:
-            log.warning("episode %s ended with %s: %s", ep.task_id, ep.status, ep.error)
+        self.failures.record(ep)
+        if self.failures.tripped is not None and not self.failed.done():
+            self.failed.set_exception(self.failures.tripped)
         return ep
 
     async def group(self, task: dict[str, Any], group_id: int, n: int, issued_version: int = 0) -> Group:
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self.episode(task, group_id)) for _ in range(n)]
+            tasks = [tg.create_task(self.episode(task, group_id, sample=k)) for k in range(n)]
         return Group(group_id=group_id, task=task, episodes=[t.result() for t in tasks],
                      issued_version=issued_version)
 
     async def evaluate(self, tasks: list[dict[str, Any]], seed: int) -> list[Episode]:
-        """One episode per task, with per-task sampling seeds so a re-run sees the same randomness."""
-        async with asyncio.TaskGroup() as tg:
-            jobs = [tg.create_task(self.episode(t, -1 - i, seed=seed * 100_003 + i)) for i, t in enumerate(tasks)]
-        return [j.result() for j in jobs]
+        """One episode per task, with per-task sampling seeds so a re-run sees the same randomness.
+        Raises EpisodesFailing when failures persist (the streak, or every episode failed)."""
+        jobs = [asyncio.ensure_future(self.episode(t, -1 - i, seed=seed * 100_003 + i)) for i, t in enumerate(tasks)]
+        try:
+            episodes = await unless_failed(asyncio.gather(*jobs), self.failed)
+        finally:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            self.failures.flush("evaluation")
+        self.failures.check_evaluation(episodes)
+        return episodes
+
+
+async def unless_failed(coro, *failed: asyncio.Future):
+    """Await `coro`, unless one of the `failed` futures (a fleet's, a pool's) gets an exception
+    first: then raise it, cancelling `coro`."""
+    task = asyncio.ensure_future(coro)
+    await asyncio.wait([task, *failed], return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise next(f for f in failed if f.done()).exception()
+    return task.result()
 
 
 @dataclass
