@@ -292,7 +292,10 @@ def summary_lines(played: Played, trips: list[RoundTrip], found: list[str], prep
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.check", description=__doc__.splitlines()[0])
+    from agentrl.config.help import keys_help
+
+    parser = argparse.ArgumentParser(prog="python -m agentrl.check", description=__doc__.split("\n\n")[0],
+                                     epilog=keys_help(Config), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file (defaults apply when omitted)")
     parser.add_argument("--tasks", type=int, default=4, help="episodes to play: the first N tasks of the split")
     parser.add_argument("--policy", choices=("engine", "scripted"), default="engine",

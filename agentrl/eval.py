@@ -158,7 +158,10 @@ def _write_json(path: str, report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.eval", description=__doc__.splitlines()[0])
+    from agentrl.config.help import keys_help
+
+    parser = argparse.ArgumentParser(prog="python -m agentrl.eval", description=__doc__.split("\n\n")[0],
+                                     epilog=keys_help(Config), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file: env, held-out tasks, rollout and reward settings")
     parser.add_argument("--model", help="model folder or named model (default: the config's model.path)")
     parser.add_argument("--samples", type=int, default=1, help="samples per task (pass@k up to this k)")

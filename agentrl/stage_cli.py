@@ -2,13 +2,14 @@
 
     python -m agentrl.sft --config sft.yaml [dotted.key=value ...] [--leaf_name value ...]
 
-The config tree is `agentrl.config.stages.StageConfig`. Besides dotted overrides, every leaf key can be
-given by its bare name, as OpenRLHF's flags are (`--input_key question --max_len 1024 --zero_stage 3
---apply_chat_template --lora_rank 8`); a flag without a value sets a boolean. A leaf name found in
-several sections goes to this stage's own section (`--beta` is `dpo.beta` under dpo), and `lora_*`
-names go to `optim.lora`. Shortcuts: `--model DIR` (model.path), `--dataset a.jsonl,b.parquet`
-(data.paths), `--eval_dataset F` (data.eval_path), `--out DIR` (train.out_dir).
+The config tree is `agentrl.config.stages.StageConfig`. Besides dotted overrides, every leaf key can
+be given by its bare name, as OpenRLHF's flags are (`--input_key question --max_len 1024
+--zero_stage 3 --apply_chat_template --lora_rank 8`); a flag without a value sets a boolean. A leaf
+name found in several sections goes to this stage's own section (`--beta` is `dpo.beta` under dpo),
+and `lora_*` names go to `optim.lora`. Shortcuts: `--model DIR` (model.path), `--dataset
+a.jsonl,b.parquet` (data.paths), `--eval_dataset F` (data.eval_path), `--out DIR` (train.out_dir).
 A wrong key or a bad data row is one line on stderr and exit code 2, before any training.
+`--help` lists every key of the stage with its flag, default and description (`stage_help`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import sys
 from typing import Any
 
 from agentrl.config import ConfigError, load_config
-from agentrl.config.load import _all_keys
-from agentrl.config.stages import StageConfig
+from agentrl.config.help import keys_help
+from agentrl.config.load import all_keys
+from agentrl.config.stages import STAGES, StageConfig
 
 log = logging.getLogger("agentrl")
 
@@ -35,7 +37,7 @@ def leaf_path(name: str, stage: str) -> str:
         return SHORTCUTS[name]
     if "." in name:
         return name
-    keys = _all_keys(StageConfig)
+    keys = all_keys(StageConfig)
     if name.startswith("lora_") and f"optim.lora.{name[5:]}" in keys:
         return f"optim.lora.{name[5:]}"
     found = [k for k in keys if k.rsplit(".", 1)[-1] == name]
@@ -48,6 +50,31 @@ def leaf_path(name: str, stage: str) -> str:
     leaves = sorted({k.rsplit(".", 1)[-1] for k in keys} | set(SHORTCUTS))
     guess = difflib.get_close_matches(name, leaves, n=1, cutoff=0.6)
     raise ConfigError(f"unknown option --{name}" + (f"; did you mean --{guess[0]}?" if guess else ""))
+
+
+def flag_of(key: str, stage: str) -> str | None:
+    """The bare flag that sets `key` under this stage (`--max_len` for data.max_len, `--lora_rank`,
+    `--model`), or None when every bare name of it is ambiguous here."""
+    leaf = key.rsplit(".", 1)[-1]
+    names = [name for name, dotted in SHORTCUTS.items() if dotted == key]
+    names += [f"lora_{leaf}"] if key.startswith("optim.lora.") else []
+    for name in [*names, leaf]:
+        try:
+            if leaf_path(name, stage) == key:
+                return "--" + name
+        except ConfigError:  # a leaf name shared by sections none of which is this stage's
+            continue
+    return None
+
+
+def stage_help(stage: str) -> str:
+    """The usage above, then every key of this stage with its flag, default and description; the loss
+    sections of the other stages (`dpo.*` under sft) are left out."""
+    title = (f"Keys of `python -m agentrl.{stage}` and their defaults. Set them in the YAML file given to "
+             "--config, as dotted.key=value arguments, or by the bare flag shown before a key "
+             "(--max_len 1024, --lora_rank 8; a flag without a value sets a boolean).")
+    others = [name for name in STAGES if name != stage and name in StageConfig.model_fields]
+    return __doc__.rstrip() + "\n\n" + keys_help(StageConfig, title, lambda key: flag_of(key, stage), others)
 
 
 def overrides_from(argv: list[str], stage: str) -> tuple[str | None, list[str]]:
@@ -131,8 +158,8 @@ def main(stage: str, argv: list[str] | None = None) -> int:
     from agentrl.startup import input_error
 
     argv = sys.argv[1:] if argv is None else argv
-    if argv in (["-h"], ["--help"]):
-        print(__doc__)
+    if "-h" in argv or "--help" in argv:
+        print(stage_help(stage), end="")
         return 0
     setup_logging()
     try:

@@ -262,7 +262,10 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.train", description=__doc__.splitlines()[0])
+    from agentrl.config.help import keys_help
+
+    parser = argparse.ArgumentParser(prog="python -m agentrl.train", description=__doc__.split("\n\n")[0],
+                                     epilog=keys_help(Config), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file (defaults apply when omitted)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. buffer.max_staleness=2")
     args = parser.parse_intermixed_args(argv)

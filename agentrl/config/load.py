@@ -23,7 +23,7 @@ class ConfigError(ValueError):
     """A config that cannot be used; the one-line message says which file, line or key and why."""
 
 
-def _nested_model(ann: Any) -> type[BaseModel] | None:
+def nested_model(ann: Any) -> type[BaseModel] | None:
     """The model of a field annotated `SomeModel` or `SomeModel | None`, else None."""
     for candidate in (ann, *typing.get_args(ann)):
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
@@ -31,21 +31,23 @@ def _nested_model(ann: Any) -> type[BaseModel] | None:
     return None
 
 
-def _is_source_list(model: type[BaseModel], key: str) -> bool:
+def is_source_list(model: type[BaseModel], key: str) -> bool:
     """`rewards.sources`: a list of the reward-source union, whose valid keys depend on each entry's type."""
     return model is RewardsConfig and key == "sources"
 
 
-def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+def all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key of the tree, sections included; a reward source's as `rewards.sources.N.<key>`,
+    for each source type."""
     keys = []
     for name, field in model.model_fields.items():
         keys.append(prefix + name)
-        nested = _nested_model(field.annotation)
+        nested = nested_model(field.annotation)
         if nested is not None:
-            keys += _all_keys(nested, prefix + name + ".")
-        if _is_source_list(model, name):
+            keys += all_keys(nested, prefix + name + ".")
+        if is_source_list(model, name):
             for source in SOURCE_TYPES.values():
-                keys += _all_keys(source, prefix + name + ".N.")
+                keys += all_keys(source, prefix + name + ".N.")
     return keys
 
 
@@ -56,7 +58,7 @@ def _unknown_key(key: str, model: type[BaseModel], prefix: str, root: type[BaseM
     if guess:
         hint = f"; did you mean '{prefix + guess[0]}'?"
     else:
-        by_leaf = {k.rsplit(".", 1)[-1]: k for k in _all_keys(root)}
+        by_leaf = {k.rsplit(".", 1)[-1]: k for k in all_keys(root)}
         leaf = difflib.get_close_matches(key, list(by_leaf), n=1, cutoff=0.8)
         hint = f"; did you mean '{by_leaf[leaf[0]]}'?" if leaf else f"; valid keys here: {sorted(model.model_fields)}"
     return ConfigError(f"unknown config key '{prefix + key}'{hint}")
@@ -94,12 +96,12 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "", root: type[
         if field is None:
             raise _unknown_key(str(key), model, prefix, root)
         dotted = prefix + str(key)
-        nested = _nested_model(field.annotation)
+        nested = nested_model(field.annotation)
         if nested is not None:
             if value is None and field.default is not None:  # a YAML section whose keys are all commented out
                 data[key] = value = {}
             _check_keys(value, nested, dotted + ".", root)
-        if _is_source_list(model, str(key)):
+        if is_source_list(model, str(key)):
             _check_sources(value, dotted + ".")
 
 
