@@ -79,6 +79,7 @@ class RolloutPool:
         self.failures.record(ep)
         if self.failures.tripped is not None and not self.failed.done():
             self.failed.set_exception(self.failures.tripped)
+            self.failed.exception()  # read once: asyncio must not log it as never retrieved when no one waits
         return ep
 
     async def group(self, task: dict[str, Any], group_id: int, n: int, issued_version: int = 0) -> Group:
