@@ -162,6 +162,11 @@ def print_summary(summary: dict[str, Any]) -> None:
             lines.append(f"tool-call success, {label}   : {res['tool_call_success_rate']:.3f}")
     train = summary.get("train", {})
     lines.append(f"max staleness trained           : {train.get('max_staleness_seen')}")
+    signal = train.get("learning_signal")
+    if signal:
+        note = f"  (no learning signal from step {signal['warned_at_step']}: see the warning)" \
+            if signal["warned_at_step"] is not None else ""
+        lines.append(f"groups with equal rewards       : {signal['equal_reward_groups_frac']:.0%}{note}")
     lines.append(f"RL time {train.get('seconds', 0):.0f}s, total wall time {summary.get('wall_s', 0):.0f}s")
     if "saved_model" in summary:
         lines.append(f"trained model                   : {summary['saved_model']}")

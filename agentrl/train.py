@@ -28,6 +28,7 @@ from agentrl.config import Config, ConfigError, load_config
 from agentrl.config.inert import inert_settings
 from agentrl.checkpoint import RunState
 from agentrl.data import TaskStream
+from agentrl.learning_signal import SignalWatch, signal_metrics, step_signal
 from agentrl.metrics import MetricsSink, print_summary, setup_logging
 from agentrl.rollout.pool import Producer, RolloutPool, score_episodes, unless_failed
 from agentrl.startup import (Prepared, input_error, load_model_format, prepare, start_agent_server, start_workers,
@@ -123,6 +124,7 @@ async def train_loop(lp: Loop) -> dict[str, Any]:
     window = {"tokens": pool.generated_tokens, "time": time.perf_counter()}
     elapsed_before = state.elapsed_s if state else 0.0
     max_stale_seen = state.max_staleness_seen if state else 0
+    signal = SignalWatch(cfg.algo.advantage)
     try:
         for step in range(state.step if state else 0, cfg.train.steps):
             assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed)
@@ -149,6 +151,10 @@ async def train_loop(lp: Loop) -> dict[str, Any]:
             # for once, in a record or in the checkpoint.
             rec["tasks/trained"] = [g.group_id for g in assembly.groups]
             dropped = producer.take_outcomes()
+            sig = step_signal(assembly.groups, len(dropped.get("filtered", [])))
+            rec.update(signal_metrics(sig))
+            if warning := signal.observe(step, sig):
+                log.warning("%s", warning)
             if assembly.dropped_ids:
                 dropped["stale"] = assembly.dropped_ids
             rec["tasks/dropped"] = dropped
@@ -173,7 +179,7 @@ async def train_loop(lp: Loop) -> dict[str, Any]:
         await asyncio.gather(producer_task, return_exceptions=True)
     pushes = await sync.drain()
     return {"max_staleness_seen": max_stale_seen, "buffer": buffer.stats(),
-            "final_push_ok": all(p.ok for p in pushes)}
+            "final_push_ok": all(p.ok for p in pushes), "learning_signal": signal.summary()}
 
 
 async def resume_workers(prep: Prepared, learner, sync) -> tuple[RunState, dict[str, Any]]:

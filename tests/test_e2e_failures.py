@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.learning_signal import WHAT_TO_DO
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 ENV_FILE = FIXTURES / "flaky_env.py"
@@ -45,15 +47,23 @@ def test_an_env_that_raises_on_every_task_ends_the_run_with_its_file_line_and_ta
 
 
 def test_a_30_percent_transient_failure_rate_trains_to_the_end_with_failures_counted(tmp_path, tiny_model):
-    proc = train(tmp_path, tiny_model, 0.3, "train.steps=3", "train.eval_before=false")
+    """Also a reward that never varies (`no_reward`): the run says there is nothing to learn, once."""
+    proc = train(tmp_path, tiny_model, 0.3, "train.steps=6", "train.eval_before=false",
+                 "env.kwargs.no_reward=true")
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 5]
+    assert all(r["signal/zero_std_groups_frac"] == 1.0 and r["signal/reward_range"] == 0.0 for r in records)
+    warnings = [line for line in proc.stderr.splitlines() if "no learning signal" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "no learning signal: every episode of the last 5 steps got reward 0: no estimator learns from a reward "
+        f"that never varies. What to do: {WHAT_TO_DO}")
+    assert "groups with equal rewards       : 100%  (no learning signal from step 4: see the warning)" in proc.stdout
     failed, ok = records[-1]["episodes/env_error"], records[-1]["episodes/ok"] + records[-1].get("episodes/truncated", 0)
     assert failed > 0 and 0.1 < failed / (failed + ok) < 0.5  # ~30 %, counted
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["eval_after"]["n"] + sum(summary["eval_after"]["failed"].values()) == 8
     # Readable: the first failure with its traceback once, then at most one aggregated line per step.
     failure_lines = [line for line in proc.stderr.splitlines() if "ended with env_error" in line]
-    assert 1 <= len(failure_lines) <= 1 + 3 + 2, failure_lines
+    assert 1 <= len(failure_lines) <= 1 + 6 + 2, failure_lines
     assert all(re.search(r"episode (\d+\.\d+|eval \d+) \(task (train|eval)-\d+\)", line) for line in failure_lines)
