@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from agentrl.files import atomic_write, restart_jsonl_at
 from agentrl.plot import plot_run
+from agentrl.stdio import route_library_output
 from agentrl.trackers import flat_scalars, make_trackers
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ class TqdmHandler(logging.Handler):
 
 
 def setup_logging(level: int = logging.INFO) -> None:
+    """agentrl's log lines and every library's on stderr (`agentrl.stdio`), one format."""
+    route_library_output()
     handler = TqdmHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger()

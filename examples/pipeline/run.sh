@@ -35,7 +35,7 @@ stage() {  # stage NAME COMMAND...: run it, record its wall time
 
 # 0. datasets (demos.jsonl, pairs.jsonl, ...) and the untrained default model (tokenizer + random weights)
 stage data "$PYTHON" examples/pipeline/make_data.py --out "$OUT/data"
-BASE=$("$PYTHON" -c "from agentrl.config import DefaultModelConfig; from agentrl.default_model import ensure_default_model; print(ensure_default_model(DefaultModelConfig(sft_steps=0)))")
+BASE=$("$PYTHON" -m agentrl.models prepare default --sft-steps 0)  # prints the folder only (logs: stderr)
 echo "untrained default model: $BASE" >&2
 
 # 1. SFT on the teacher's demonstrations: the settings of the default model's own warm start
