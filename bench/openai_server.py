@@ -227,7 +227,7 @@ def canned_app():
         body = json.loads(await request.read())
         i, t = MARK.findall(body["messages"][-1]["content"])[-1]
         message = {"role": "assistant", "content": reply_text(int(i), int(t))}
-        return web.json_response(proto.chat_response(proto.new_id("chatcmpl"), "agentrl", message, "stop",
+        return web.json_response(proto.chat_response(proto.new_id("chatcmpl"), "agentrl", [(message, "stop")],
                                                      proto.usage(0, 0)))
 
     async def models(request: web.Request) -> web.Response:

@@ -2,8 +2,8 @@
 malformed body is a 400 naming the field), response and stream-chunk bodies out, errors in OpenAI's
 shape (`{"error": {"message", "type", "param", "code"}}`).
 
-Only what agentrl can honour exactly is accepted: `n` > 1, `logit_bias` and similar fields are
-refused by name rather than silently ignored.
+Only what agentrl can honour exactly is accepted: `logit_bias` and similar fields are refused by
+name rather than silently ignored, and `n` > 1 only outside a session (a ledger holds one sample).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ Message = dict[str, Any]
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 # Refused by name: honouring them would change what was sampled (or how many samples there are).
 _UNSUPPORTED = ("logit_bias", "echo", "suffix", "response_format")
+MAX_N = 16
 
 
 class ProtocolError(ValueError):
@@ -44,6 +45,7 @@ class Sampling:
     top_p: float | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    n: int = 1  # choices, each its own sample: only outside a session
 
 
 @dataclass
@@ -73,8 +75,6 @@ def _number(body: dict, key: str, lo: float, hi: float, integer: bool = False) -
 
 
 def _sampling(body: dict) -> Sampling:
-    if body.get("n", 1) != 1:
-        raise ProtocolError("'n' must be 1: each completion is one sample of the episode's ledger", "n")
     if body.get("best_of", 1) not in (None, 1):
         raise ProtocolError("'best_of' must be 1", "best_of")
     for key in _UNSUPPORTED:
@@ -90,7 +90,8 @@ def _sampling(body: dict) -> Sampling:
     return Sampling(
         max_tokens=_number({"max_tokens": max_tokens}, "max_tokens", 1, 1 << 20, integer=True),
         temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0),
-        seed=_number(body, "seed", -(1 << 63), (1 << 63) - 1, integer=True), stop=list(stop or []))
+        seed=_number(body, "seed", -(1 << 63), (1 << 63) - 1, integer=True), stop=list(stop or []),
+        n=_number(body, "n", 1, MAX_N, integer=True) or 1)
 
 
 def content_text(content: Any, param: str) -> str:
@@ -190,10 +191,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def chat_response(rid: str, model: str, message: Message, finish_reason: str, use: dict[str, int]) -> dict[str, Any]:
+def chat_response(rid: str, model: str, choices: list[tuple[Message, str]], use: dict[str, int]) -> dict[str, Any]:
+    """`choices`: (message, finish_reason) per choice, indexed in order."""
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-            "usage": use}
+            "choices": [{"index": i, "message": message, "finish_reason": finish, "logprobs": None}
+                        for i, (message, finish) in enumerate(choices)], "usage": use}
 
 
 def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish_reason: str | None = None,
@@ -205,10 +207,13 @@ def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish_reason: str |
     return chunk
 
 
-def completion_response(rid: str, model: str, text: str, finish_reason: str | None, use: dict[str, int] | None,
-                        chunk: bool = False) -> dict[str, Any]:
+def completion_response(rid: str, model: str, text: str | list[str], finish_reason: str | None | list[str],
+                        use: dict[str, int] | None) -> dict[str, Any]:
+    """One choice, or one per text when `text` and `finish_reason` are lists."""
+    texts, finishes = (text, finish_reason) if isinstance(text, list) else ([text], [finish_reason])
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}]}
+            "choices": [{"index": i, "text": t, "finish_reason": f, "logprobs": None}
+                        for i, (t, f) in enumerate(zip(texts, finishes))]}
     if use is not None:
         body["usage"] = use
     return body

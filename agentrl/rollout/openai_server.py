@@ -3,6 +3,7 @@
     GET  /v1/models                           the served model
     POST /v1/chat/completions                 streaming or not; tool calls in OpenAI's `tool_calls` shape
     POST /v1/completions                      plain text (or token-id) prompts
+    POST /v1/responses                        the Responses API on the same ledger (responses_protocol)
     POST /sessions                            open a session: {"id", "base_url"} (agentrl.serve)
     GET  /sessions/<id>                       its ledger: tokens, loss mask, logprobs, versions, segments
     DELETE /sessions/<id>
@@ -11,7 +12,8 @@
 Training opens one session per AgentEnv episode (`open_session`) and hands the agent
 `<url>/sessions/<id>/v1` as its base URL; the session is the episode's ledger
 (agentrl.rollout.session). Requests of one session are served one at a time, in arrival order.
-Requests outside a session are served on a throwaway ledger.
+Requests outside a session are served on a throwaway ledger; only they may ask for `n` > 1 choices,
+each its own sample (with a seed s, choice i samples with seed s + i).
 
 Binds 127.0.0.1 unless told otherwise; with `api_key` set, a request without
 `Authorization: Bearer <api_key>` is a 401. Errors are in OpenAI's shape; an unknown session is a 404.
@@ -19,11 +21,13 @@ Binds 127.0.0.1 unless told otherwise; with `api_key` set, a request without
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import uuid
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable
 
 from aiohttp import web
@@ -31,6 +35,7 @@ from aiohttp import web
 from agentrl.chat import ChatFormat
 from agentrl.config import ServerConfig
 from agentrl.rollout import openai_protocol as proto
+from agentrl.rollout import responses_protocol as resp
 from agentrl.rollout.openai_protocol import ProtocolError
 from agentrl.rollout.session import Limits, Reply, Session
 from agentrl.tools import ToolParser
@@ -67,6 +72,7 @@ class OpenAIServer:
             app.router.add_get(prefix + "/v1/models", self._models)
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_post(prefix + "/v1/completions", self._completions)
+            app.router.add_post(prefix + "/v1/responses", self._responses)
         app.router.add_post("/sessions", self._open)
         app.router.add_get("/sessions/{sid}", self._ledger)
         app.router.add_delete("/sessions/{sid}", self._close)
@@ -189,8 +195,8 @@ class OpenAIServer:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
 
-    def _session_for(self, request: web.Request) -> Session:
-        session = self._find(request)
+    def _session_for(self, request: web.Request | None) -> Session:
+        session = None if request is None else self._find(request)
         if session is not None:
             return session
         if self.engine is None:
@@ -199,16 +205,37 @@ class OpenAIServer:
         return Session("", self.fmt, self.engine, Episode(task_id="", group_id=-1), self.limits, self.parser,
                        self.counters)
 
-    async def _serve(self, request: web.Request, req: Any, mode: str, whole: Callable[[Reply], dict],
+    async def _samples(self, req: Any, mode: str) -> list[Reply]:
+        """`n` samples of an out-of-session request, each on its own throwaway ledger."""
+        s, top = req.sampling, (1 << 63) - 1
+
+        async def one(i: int) -> Reply:
+            session = self._session_for(None)
+            seed = None if s.seed is None else s.seed + i if s.seed + i <= top else s.seed - i
+            plan = session.plan_chat(req) if mode == "chat" else session.plan_text(req)
+            return await session.complete(plan, mode, replace(s, seed=seed))
+
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(one(i)) for i in range(s.n)]
+        return [t.result() for t in tasks]
+
+    async def _serve(self, request: web.Request, req: Any, mode: str, whole: Callable[[list[Reply]], dict],
                      pieces: Callable[[str, bool], list[dict]], finish: Callable[[Reply, str], list[dict]]):
-        """One completion on the request's session: a JSON body (`whole`), or an event stream of
-        `pieces(text, first)` as text arrives, then `finish(reply, text streamed so far)`."""
-        session = self._session_for(request)
+        """One completion on the request's session: a JSON body (`whole` of its choices), or an event
+        stream of `pieces(text, first)` as text arrives, then `finish(reply, text streamed so far)`."""
+        n, inside = req.sampling.n, request.match_info.get("sid") is not None
+        if n > 1 and (inside or req.stream):
+            raise ProtocolError("'n' must be 1 " + ("inside a session: its ledger holds one sample per request; "
+                                                    "ask outside a session (<server>/v1) for several choices"
+                                                    if inside else "when streaming"), "n")
         self.counters["requests"] += 1
+        if n > 1:
+            return web.json_response(whole(await self._samples(req, mode)))
+        session = self._session_for(request)
         async with session.lock:
             plan = session.plan_chat(req) if mode == "chat" else session.plan_text(req)
             if not req.stream:
-                return web.json_response(whole(await session.complete(plan, mode, req.sampling)))
+                return web.json_response(whole([await session.complete(plan, mode, req.sampling)]))
             sse, streamed = _Sse(request), []
 
             async def on_text(text: str) -> None:
@@ -230,12 +257,14 @@ class OpenAIServer:
         rid, model = proto.new_id("chatcmpl"), self.cfg.model_name
         opening = {"role": "assistant", "content": ""}
 
-        def whole(reply: Reply) -> dict:
-            message = {"role": "assistant", "content": reply.content}
-            if reply.tool_calls:
-                message["tool_calls"] = proto.openai_tool_calls(reply.tool_calls)
-            use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
-            return proto.chat_response(rid, model, message, reply.finish_reason, use)
+        def whole(replies: list[Reply]) -> dict:
+            choices = []
+            for reply in replies:
+                message = {"role": "assistant", "content": reply.content}
+                if reply.tool_calls:
+                    message["tool_calls"] = proto.openai_tool_calls(reply.tool_calls)
+                choices.append((message, reply.finish_reason))
+            return proto.chat_response(rid, model, choices, _usage(replies))
 
         def pieces(text: str, first: bool) -> list[dict]:
             return [proto.chat_chunk(rid, model, d) for d in ([opening] if first else []) + [{"content": text}]]
@@ -258,9 +287,9 @@ class OpenAIServer:
         req = proto.parse_completion(await self._body(request))
         rid, model = proto.new_id("cmpl"), self.cfg.model_name
 
-        def whole(reply: Reply) -> dict:
-            use = proto.usage(reply.prompt_tokens, reply.completion_tokens)
-            return proto.completion_response(rid, model, reply.text, reply.finish_reason, use)
+        def whole(replies: list[Reply]) -> dict:
+            return proto.completion_response(rid, model, [r.text for r in replies],
+                                             [r.finish_reason for r in replies], _usage(replies))
 
         def finish(reply: Reply, streamed: str) -> list[dict]:
             rest = reply.text[len(streamed):] if reply.text.startswith(streamed) else ""
@@ -269,6 +298,22 @@ class OpenAIServer:
 
         return await self._serve(request, req, "text", whole,
                                  lambda text, first: [proto.completion_response(rid, model, text, None, None)], finish)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        req = resp.parse_responses(await self._body(request))
+        rid, model = resp.new_id("resp"), self.cfg.model_name
+        events = resp.ResponseEvents(rid, model, req.echo)
+
+        def whole(replies: list[Reply]) -> dict:
+            return resp.response_object(rid, model, req.echo, resp.output_items(replies[0]), replies[0])
+
+        return await self._serve(request, req.chat, "chat", whole, lambda text, first: events.text(text),
+                                 lambda reply, streamed: events.finish(reply))
+
+
+def _usage(replies: list[Reply]) -> dict[str, int]:
+    """The prompt once (every choice shares it), the completions summed."""
+    return proto.usage(replies[0].prompt_tokens, sum(r.completion_tokens for r in replies))
 
 
 class _Sse:
@@ -283,7 +328,9 @@ class _Sse:
         if self.response is None:
             self.response = web.StreamResponse(headers=_SSE_HEADERS)
             await self.response.prepare(self.request)
-        await self.response.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        # Responses' events name their type in an `event:` line too, as OpenAI's server does.
+        event = f"event: {obj['type']}\n".encode() if isinstance(obj.get("type"), str) else b""
+        await self.response.write(event + b"data: " + json.dumps(obj).encode() + b"\n\n")
 
     async def done(self) -> None:
         await self.response.write(b"data: [DONE]\n\n")
