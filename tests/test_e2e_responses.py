@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import agents
 import openai
 import pytest
 
@@ -23,8 +24,7 @@ from agentrl.rollout.session import Limits
 from agentrl.tools import get_tool_parser
 from agentrl.types import TrainBatch
 
-agents = pytest.importorskip("agents")
-from agents.models.openai_provider import OpenAIProvider  # noqa: E402
+from agents.models.openai_provider import OpenAIProvider
 pytestmark = pytest.mark.e2e
 
 INSTRUCTIONS = "Guess my number from 1 to 100. Reply with a number."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
+import agents
 import httpx
 import openai
 import pytest
@@ -23,7 +24,6 @@ from agentrl.types import Episode, TrainBatch
 from tests.fake_engine import ScriptedEngine
 from tests.test_openai_ledger import CALL, QUESTION, SYSTEM, TOOLS, client_for, served, tool_session
 
-agents = pytest.importorskip("agents")
 
 TOOL = {"type": "function", "name": "calculator", "description": "Evaluate arithmetic.",
         "parameters": TOOLS[0]["function"]["parameters"]}
