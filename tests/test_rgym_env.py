@@ -78,3 +78,14 @@ def test_a_name_that_does_not_exist_names_the_nearest_ones():
         ReasoningGymEnv.make_tasks(2, 0, "train", dataset="basic_arithmetic", config={"max_digit": 1})
     with pytest.raises(ValueError, match=r"config of 'basic_arithmetic'"):  # a value the dataset rejects
         ReasoningGymEnv.make_tasks(2, 0, "train", dataset="basic_arithmetic", config={"min_terms": 5, "max_terms": 2})
+
+
+def test_shots_are_solved_items_of_their_own_stream_before_the_question():
+    task = ReasoningGymEnv.make_tasks(1, 5, "eval", dataset="basic_arithmetic", config=ARITH)[0]
+    transcript, _ = play(task, ["x"], shots=2, system_prompt=None)
+    shots = reasoning_gym.create_dataset("basic_arithmetic", seed=5 + 1_000_003, size=2, **ARITH)
+    assert transcript == [{"role": "user", "content": shots[0]["question"]},
+                          {"role": "assistant", "content": f"<answer>{shots[0]['answer']}</answer>"},
+                          {"role": "user", "content": shots[1]["question"]},
+                          {"role": "assistant", "content": f"<answer>{shots[1]['answer']}</answer>"},
+                          {"role": "user", "content": dataset_and_entry(task)[1]["question"]}]
