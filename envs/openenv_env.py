@@ -1,0 +1,282 @@
+"""Train on an OpenEnv environment server (openenv-core: typed reset/step over HTTP + WebSocket).
+
+    env:
+      import_path: envs.openenv_env:OpenEnvEnv
+      kwargs: {url: "http://127.0.0.1:8000"}             # a running OpenEnv server; or instead
+      # kwargs: {app: "tests.fixtures.openenv_guess:app"}  # an installed server app, started here
+
+With `app:` the adapter runs `python -m uvicorn <app>` on loopback and a free port, once per process,
+shared by every episode and stopped at exit (`envs.openenv_server`). Each episode is one OpenEnv
+WebSocket session (the server gives each its own environment instance), opened by `reset` and closed by
+`close`: the server must allow `rollout.max_concurrency` sessions (`create_app(..., max_concurrent_envs=)`).
+
+Tasks: `reset(task)` sends the task's keys but "id" (or only `reset_keys`) as OpenEnv reset arguments, so
+`{"id": "train-3", "seed": 17}` becomes `reset(seed=17)`; the server passes on only the arguments its
+environment's `reset` accepts. `make_tasks` draws `{"id", "seed"}` tasks (plus `data.task_kwargs`).
+
+Observations become one user message: the field `observation_field` if set, else the first non-empty
+string among the fields prompt / text / message / content, else the whole observation as JSON.
+
+Actions, from the action schema the server publishes at GET /schema (read once per URL):
+  * text: an action whose only field (besides OpenEnv's `metadata`) is a string, e.g. `message: str`,
+    gets the model's reply verbatim in it (`action_field: name` picks the field and skips the schema;
+    `action_format: text` picks the one string field of a larger action, the others keep their defaults);
+  * json: any other action class (or `action_format: json`): the reply must hold a JSON object of its
+    fields (`{"guess": 7}`; code fences and text around it are fine); a system message says so unless
+    `system_prompt` is set or `describe_action` is off.
+A reply that is not such an object, or that the server rejects as invalid (VALIDATION_ERROR), is the
+model's mistake: it gets the reason as the next observation, reward 0, and the episode goes on.
+
+The server's reward (None = 0) is the step reward and its `done` ends the episode. A server failure is
+not the model's: connection refused, the server gone mid-episode, a 5xx, an error in the environment's
+own code, or no reply within `timeout_s` raises `OpenEnvError`, so the episode ends with status
+env_error, counted and never scored 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any, Literal
+
+import httpx
+from websockets.exceptions import ConnectionClosed
+
+from agentrl.env import Action, Env, Message, StepResult
+from envs.openenv_server import ensure_server, running
+
+try:
+    from openenv.core.generic_client import GenericEnvClient
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(f"envs.openenv_env needs openenv-core: pip install 'openenv-core==0.3.0' ({exc})") from exc
+
+TEXT_FIELDS = ("prompt", "text", "message", "content")
+_SCHEMAS: dict[str, dict[str, Any]] = {}  # action schema per server URL: one GET /schema per process
+
+
+class OpenEnvError(RuntimeError):
+    """The OpenEnv server failed (not the model): the episode ends with env_error."""
+
+
+class _ServerReply(Exception):
+    """An error message the server sent on the WebSocket, with its OpenEnv code."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.code = str(data.get("code", "UNKNOWN"))
+        self.message = str(data.get("message", "unknown error"))
+        self.data = data
+        super().__init__(f"{self.message} (code {self.code})")
+
+
+class _Client(GenericEnvClient):
+    """openenv's dict client, raising errors that keep the server's code (it folds them into RuntimeError)."""
+
+    async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+        await self._send(message)
+        response = await self._receive()
+        if response.get("type") == "error":
+            raise _ServerReply(response.get("data") or {})
+        return response
+
+
+class OpenEnvEnv(Env):
+    def __init__(self, url: str | None = None, app: str | None = None,
+                 action_format: Literal["auto", "text", "json"] = "auto", action_field: str | None = None,
+                 observation_field: str | None = None, system_prompt: str | None = None,
+                 describe_action: bool = True, reset_keys: list[str] | None = None, timeout_s: float = 20.0,
+                 connect_timeout_s: float = 10.0, start_timeout_s: float = 60.0,
+                 success_reward: float | None = None) -> None:
+        """`timeout_s` bounds each reply (keep it under rollout.turn_timeout_s, so a stalled server is an
+        env_error that says so); `start_timeout_s` bounds starting `app`. `success_reward`: when set, an
+        episode whose summed reward reaches it counts as a success (info["success"])."""
+        if (url is None) == (app is None):
+            raise ValueError("OpenEnvEnv needs exactly one of env.kwargs.url (a running OpenEnv server) and "
+                             "env.kwargs.app ('package.module:app', started by the adapter)")
+        if action_format not in ("auto", "text", "json"):
+            raise ValueError(f"action_format must be auto, text or json, not {action_format!r}")
+        self.url = url.rstrip("/") if url else None
+        self.app = app
+        self.action_format, self.action_field = action_format, action_field
+        self.observation_field, self.system_prompt = observation_field, system_prompt
+        self.describe_action, self.reset_keys = describe_action, reset_keys
+        self.timeout_s, self.connect_timeout_s, self.start_timeout_s = timeout_s, connect_timeout_s, start_timeout_s
+        self.success_reward = success_reward
+        self.client: _Client | None = None
+        self.total = 0.0
+
+    # ------------------------------------------------------------------ episode
+
+    async def reset(self, task: dict[str, Any]) -> list[Message]:
+        url = self.url or (await ensure_server(self.app, self.start_timeout_s)).url  # type: ignore[arg-type]
+        self.base_url, self.total = url, 0.0
+        self.mode, self.field, self.fields = await self._action_spec(url)
+        keys = self.reset_keys if self.reset_keys is not None else [k for k in task if k != "id"]
+        kwargs = {k: task[k] for k in keys if k in task}
+        self.client = _Client(base_url=url, connect_timeout_s=self.connect_timeout_s,
+                              message_timeout_s=self.timeout_s)
+        try:
+            result = await self.client.reset(**kwargs)
+        except Exception as exc:
+            raise self._failure("reset", exc) from exc
+        messages: list[Message] = []
+        system = self.system_prompt
+        if system is None and self.mode == "json" and self.describe_action:
+            system = "Reply with only a JSON object: " + _shape(self.fields)
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": render(result.observation, self.observation_field)})
+        return messages
+
+    async def step(self, action: Action) -> StepResult:
+        payload = self._payload(action.text)
+        if isinstance(payload, str):  # the model's mistake: say why, let it try again
+            return StepResult(payload, 0.0, False, self._info(False, invalid_action=True))
+        assert self.client is not None, "step() before reset()"
+        try:
+            result = await self.client.step(payload)
+        except _ServerReply as reply:
+            if reply.code != "VALIDATION_ERROR":
+                raise self._failure("step", reply) from reply
+            return StepResult(f"Invalid action: {_validation_text(reply)}", 0.0, False,
+                              self._info(False, invalid_action=True))
+        except Exception as exc:
+            raise self._failure("step", exc) from exc
+        reward = float(result.reward or 0.0)
+        self.total += reward
+        if result.done:
+            return StepResult(None, reward, True, self._info(True))
+        return StepResult(render(result.observation, self.observation_field), reward, False, self._info(False))
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()  # best effort: a dead server's socket closes quietly
+            self.client = None
+
+    def _info(self, done: bool, **extra: Any) -> dict[str, Any]:
+        info: dict[str, Any] = dict(extra)
+        if self.success_reward is not None:
+            info["success"] = done and self.total >= self.success_reward
+        return info
+
+    # ------------------------------------------------------------------ actions
+
+    def _payload(self, text: str) -> dict[str, Any] | str:
+        """The action for the server, or the message telling the model why its reply is not one."""
+        if self.mode == "text":
+            return {self.field: text}
+        obj = extract_json_object(text)
+        if obj is None:
+            return f"Invalid action: reply with only a JSON object: {_shape(self.fields)}"
+        return obj
+
+    async def _action_spec(self, url: str) -> tuple[str, str, dict[str, Any]]:
+        """(mode, text field, field schemas) of the server's action class."""
+        if self.action_format in ("auto", "text") and self.action_field:
+            return "text", self.action_field, {}
+        fields = {k: v for k, v in (await self._schema(url)).get("properties", {}).items() if k != "metadata"}
+        strings = [k for k, v in fields.items() if v.get("type") == "string"]
+        if self.action_format == "text" or (self.action_format == "auto" and len(fields) == 1 and strings):
+            if len(strings) != 1:
+                raise ValueError(f"action_format text needs one string field to fill; the action at {url} has "
+                                 f"{sorted(fields)}: set env.kwargs.action_field")
+            return "text", strings[0], fields
+        return "json", "", fields
+
+    async def _schema(self, url: str) -> dict[str, Any]:
+        if url not in _SCHEMAS:
+            try:
+                async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=not _loopback(url)) as http:
+                    reply = await http.get(f"{url}/schema")
+            except httpx.HTTPError as exc:
+                raise self._failure("GET /schema", exc) from exc
+            if reply.status_code >= 500:
+                raise OpenEnvError(f"OpenEnv server at {url} answered GET /schema with HTTP {reply.status_code}: "
+                                   f"{reply.text[:300]}")
+            if reply.status_code != 200:
+                raise OpenEnvError(f"GET {url}/schema: HTTP {reply.status_code}; is this an OpenEnv server? "
+                                   "(set env.kwargs.action_field to skip the schema)")
+            _SCHEMAS[url] = reply.json().get("action", {})
+        return _SCHEMAS[url]
+
+    # ------------------------------------------------------------------ failures
+
+    def _failure(self, what: str, exc: BaseException) -> OpenEnvError:
+        """A clear OpenEnvError for a server failure during `what`."""
+        where = f"OpenEnv server at {getattr(self, 'base_url', self.url)}"
+        if self.app:
+            where += f" (app {self.app}{_exit_note(self.app)})"
+        if isinstance(exc, _ServerReply):
+            hint = ""
+            if exc.code == "CAPACITY_REACHED":
+                hint = ("; the server allows fewer sessions than agentrl runs episodes at once: raise "
+                        "max_concurrent_envs in its create_app(...) or lower rollout.max_concurrency")
+            return OpenEnvError(f"{where} failed during {what}: {exc.message} (code {exc.code}){hint}")
+        if isinstance(exc, TimeoutError):
+            return OpenEnvError(f"{where}: no reply to {what} within {self.timeout_s} s (env.kwargs.timeout_s)")
+        if isinstance(exc, ConnectionClosed):
+            return OpenEnvError(f"{where} closed the connection during {what} (did the server die?): {exc}")
+        if isinstance(exc, (ConnectionError, OSError, httpx.HTTPError)):
+            return OpenEnvError(f"cannot reach {where} during {what} (is it running? env.kwargs.url): "
+                                f"{type(exc).__name__}: {exc}")
+        return OpenEnvError(f"{where} failed during {what}: {type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------ tasks
+
+    @classmethod
+    def make_tasks(cls, n: int, seed: int, split: str, **reset_kwargs: Any) -> list[dict[str, Any]]:
+        """`n` tasks {"id", "seed", **reset_kwargs}: plain JSON (checkpoints hold them); each split draws
+        its seeds from its own stream, so eval tasks are never the train stream."""
+        rng = random.Random(f"openenv:{split}:{seed}")
+        return [{"id": f"{split}-{i}", "seed": rng.randrange(2**31), **reset_kwargs} for i in range(n)]
+
+
+def render(observation: Any, field: str | None = None) -> str:
+    """The text to show the model for an OpenEnv observation (a dict of its fields)."""
+    if not isinstance(observation, dict):
+        return str(observation)
+    if field is not None:
+        if field not in observation:
+            raise ValueError(f"observation_field {field!r} is not in the observation; "
+                             f"its fields: {sorted(observation)}")
+        return str(observation[field])
+    for name in TEXT_FIELDS:
+        value = observation.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return json.dumps(observation, sort_keys=True, default=str)
+
+
+def extract_json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object in a reply: the whole reply, or its outermost {...} (so code fences and a
+    sentence around it are fine); None if there is none."""
+    for candidate in (text.strip(), text[text.find("{"): text.rfind("}") + 1]):
+        try:
+            obj = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+def _shape(fields: dict[str, Any]) -> str:
+    """`{"guess": <integer>, ...}` from field schemas, for the system message and error feedback."""
+    return "{" + ", ".join(f'"{k}": <{v.get("type", "value")}>' for k, v in fields.items()) + "}"
+
+
+def _validation_text(reply: _ServerReply) -> str:
+    errors = reply.data.get("errors") or []
+    parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in errors if isinstance(e, dict)]
+    return "; ".join(parts) or reply.message
+
+
+def _loopback(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def _exit_note(app: str) -> str:
+    server = running(app)
+    if server is not None and not server.alive():
+        return f", its process exited with code {server.proc.returncode}"
+    return ""

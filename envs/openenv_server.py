@@ -1,0 +1,186 @@
+"""Start an OpenEnv server app as a subprocess on loopback, once per process, for `envs.openenv_env`.
+
+`env.kwargs.app: "pkg.module:app"` names an installed OpenEnv server (the FastAPI app that
+`openenv.core.env_server.create_app` returns). Every episode of a run needs the same server, so the first
+`ensure_server(app)` launches `python -m uvicorn pkg.module:app` on 127.0.0.1 and a free port and the
+others share it; it is stopped at interpreter exit. No Docker: the app runs in this venv, so a user's env
+package only has to be importable here.
+
+A server that exited (killed, crashed) is started again by the next `ensure_server`: the episodes that
+were talking to it already failed with env_error, and the run goes on. A server that cannot start
+(import error, port trouble, no /health within `start_timeout_s`) raises `ServerStartError` with the
+tail of its log, so the first failing episode's error says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+_LOG_TAIL = 2000  # characters of the server's log quoted in errors
+
+
+class ServerStartError(RuntimeError):
+    """The OpenEnv app could not be started (or died while starting)."""
+
+
+@dataclass
+class LocalServer:
+    app: str
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-_LOG_TAIL:]
+        except OSError:
+            return ""
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Terminate (then kill) the process and remove its log."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log_path.unlink(missing_ok=True)
+
+
+# One server per app string; a threading lock, not an asyncio one, because episodes may run on more
+# than one event loop (eval and train loops, tests) while the process is the unit that owns servers.
+_SERVERS: dict[str, LocalServer] = {}
+_STARTING: dict[str, concurrent.futures.Future] = {}
+_LOCK = threading.Lock()
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the OS's pick); uvicorn binds it a moment later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _child_env() -> dict[str, str]:
+    # The child must import what this process can: the repo root (cwd) and this process's sys.path,
+    # which pytest or a PYTHONPATH may have extended.
+    paths = [p or os.getcwd() for p in sys.path if p == "" or Path(p).is_dir()]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *paths]), "ENABLE_WEB_INTERFACE": "false"}
+
+
+# Loopback never goes through an HTTP proxy, whatever http_proxy says.
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _healthy(url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with _NO_PROXY.open(f"{url}/health", timeout=timeout_s) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def launch(app: str, start_timeout_s: float = 60.0, attempts: int = 3) -> LocalServer:
+    """Start `app` under uvicorn and wait for GET /health; blocking. Retries a port taken in between."""
+    if ":" not in app:
+        raise ValueError(f"env.kwargs.app {app!r} must look like 'package.module:app' (an OpenEnv server app)")
+    last = ""
+    for _ in range(attempts):
+        port = free_port()
+        log = Path(tempfile.mkstemp(prefix="openenv-server-", suffix=".log")[1])
+        cmd = [sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port), "--log-level", "warning"]
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=_child_env(), start_new_session=True)  # no terminal signals
+        server = LocalServer(app, f"http://{HOST}:{port}", proc, log)
+        deadline = time.monotonic() + start_timeout_s
+        while time.monotonic() < deadline:
+            if _healthy(server.url):
+                return server
+            if not server.alive():
+                break
+            time.sleep(0.1)
+        else:
+            last = server.log_tail()
+            server.stop()
+            raise ServerStartError(f"OpenEnv app {app!r} did not answer GET {server.url}/health within "
+                                   f"{start_timeout_s:.0f} s (env.kwargs.start_timeout_s); its log:\n{last}")
+        last = server.log_tail()
+        server.stop()  # exited: only its log to remove
+        if "address already in use" not in last.lower():
+            break
+    raise ServerStartError(f"OpenEnv app {app!r} exited while starting (python -m uvicorn {app}); its log:\n{last}")
+
+
+def _start_or_reuse(app: str, start_timeout_s: float) -> concurrent.futures.Future:
+    """The future of the live server for `app`, starting one in a thread if there is none."""
+    with _LOCK:
+        server = _SERVERS.get(app)
+        if server is not None and server.alive():
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(server)
+            return done
+        if app in _STARTING:
+            return _STARTING[app]
+        if server is not None:  # exited since: say so once, then start a fresh one
+            print(f"openenv: server {app} at {server.url} exited with code {server.proc.returncode}; "
+                  "starting it again", file=sys.stderr)
+            del _SERVERS[app]
+            server.stop()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        _STARTING[app] = future
+
+    def run() -> None:
+        try:
+            started = launch(app, start_timeout_s)
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiter
+            with _LOCK:
+                _STARTING.pop(app, None)
+            future.set_exception(exc)
+            return
+        with _LOCK:
+            _SERVERS[app] = started
+            _STARTING.pop(app, None)
+        future.set_result(started)
+
+    threading.Thread(target=run, name=f"openenv-start-{app}", daemon=True).start()
+    return future
+
+
+async def ensure_server(app: str, start_timeout_s: float = 60.0) -> LocalServer:
+    """The running server for `app` (started on first use, or again after it exited)."""
+    # shield: an episode cancelled by its own deadline while waiting must not cancel the start for the others
+    return await asyncio.shield(asyncio.wrap_future(_start_or_reuse(app, start_timeout_s)))
+
+
+def running(app: str) -> LocalServer | None:
+    """The server started for `app`, if any (tests use it to kill the server)."""
+    return _SERVERS.get(app)
+
+
+@atexit.register
+def stop_all() -> None:
+    """Stop every server this process started."""
+    with _LOCK:
+        servers = list(_SERVERS.values())
+        _SERVERS.clear()
+    for server in servers:
+        server.stop()
