@@ -18,14 +18,14 @@ import pytest
 
 import openenv.core  # noqa: F401  (the envs extra installs it; missing, this file fails)
 
-from fake_engine import ScriptedEngine  # noqa: E402
+from fake_engine import ScriptedEngine
 
-from agentrl.chat import ChatFormat  # noqa: E402
-from agentrl.config import RolloutConfig  # noqa: E402
-from agentrl.env import Action  # noqa: E402
-from agentrl.rollout.episode import EpisodeSpec, run_episode  # noqa: E402
-from envs import openenv_server  # noqa: E402
-from envs.openenv_env import OpenEnvEnv, OpenEnvError, extract_json_object, render  # noqa: E402
+from agentrl.chat import ChatFormat
+from agentrl.config import RolloutConfig
+from agentrl.env import Action
+from agentrl.rollout.episode import EpisodeSpec, run_episode
+from envs import openenv_server
+from envs.openenv_env import OpenEnvEnv, OpenEnvError, extract_json_object, render
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_APP = "tests.fixtures.openenv_guess:app"

@@ -16,13 +16,13 @@ import pytest
 
 import verifiers.v1  # noqa: F401  (scripts/install.sh installs it; missing, this file fails)
 
-from agentrl.chat import ChatFormat  # noqa: E402
-from agentrl.config import RolloutConfig, ServerConfig  # noqa: E402
-from agentrl.rollout.agent_episode import make_server  # noqa: E402
-from agentrl.rollout.episode import EpisodeSpec  # noqa: E402
-from agentrl.rollout.pool import RolloutPool  # noqa: E402
-from envs.verifiers_env import VerifiersEnv  # noqa: E402
-from tests.fake_engine import ScriptedEngine  # noqa: E402
+from agentrl.chat import ChatFormat
+from agentrl.config import RolloutConfig, ServerConfig
+from agentrl.rollout.agent_episode import make_server
+from agentrl.rollout.episode import EpisodeSpec
+from agentrl.rollout.pool import RolloutPool
+from envs.verifiers_env import VerifiersEnv
+from tests.fake_engine import ScriptedEngine
 
 FIXTURES = "tests.fixtures.vf_envs"
 
