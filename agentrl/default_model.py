@@ -41,8 +41,14 @@ Demonstration = Callable[[dict[str, Any], random.Random, float], list[Message]] 
 
 
 def demo_source(task: str) -> tuple[TaskMaker, Demonstration]:
-    """The warm-start task's generator and teacher: `envs.<task>.demo_tasks` and `.demonstration`."""
-    module = importlib.import_module(f"envs.{task}")
+    """The warm-start task's generator and teacher: `demo_tasks` and `demonstration` of `envs.<task>`
+    for a built-in name, else of the module `task` names (a user's env, e.g. `examples.agents.custom_env`)."""
+    name = task if "." in task else f"envs.{task}"
+    module = importlib.import_module(name)
+    missing = [f for f in ("demo_tasks", "demonstration") if not callable(getattr(module, f, None))]
+    if missing:
+        raise ValueError(f"model.default.task={task!r}: module {name} has no {' or '.join(missing)} "
+                         "(the warm start's task generator and teacher)")
     return module.demo_tasks, module.demonstration
 
 

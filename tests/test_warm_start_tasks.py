@@ -152,3 +152,37 @@ def test_warm_start_caps_torch_threads_at_the_usable_cores_and_restores_them(mon
     optim = seen["cfg"].optim
     assert (seen["kind"], seen["n"], optim.max_steps, optim.warmup_steps, optim.scheduler) == ("sft", 32, 10, 1, "cosine")
     assert optim.epochs * 32 >= 10 * 8 and optim.lr == cfg.sft_lr and optim.min_lr_ratio == 0.0
+
+
+def test_a_users_env_module_is_a_warm_start_task_and_its_teacher_replays_through_the_env():
+    from agentrl.env import Action, to_messages
+    from agentrl.config import load_config
+    from agentrl.config.load import ConfigError
+    from examples.agents.custom_env import RepeatAfterMeEnv
+
+    make, teach = demo_source("examples.agents.custom_env")
+    rng = random.Random(0)
+    rewards = []
+    for task in make(200, 0, "demo"):
+        msgs = teach(task, rng, 0.5)
+
+        async def replay():  # every assistant turn through the env gives back the teacher's next user turn
+            env = RepeatAfterMeEnv(retries=1)
+            seen, total = to_messages(await env.reset(task)), 0.0
+            for i, m in enumerate(msgs):
+                if m["role"] == "assistant":
+                    res = await env.step(Action(m["content"]))
+                    total += res.reward
+                    seen += [m] + ([] if res.done else to_messages(res.observation))
+                    assert res.done == (i == len(msgs) - 1)
+            return seen, total
+
+        seen, total = asyncio.run(replay())
+        assert seen == msgs
+        rewards.append(total)
+    assert 0.2 < sum(rewards) / len(rewards) < 0.8  # imperfect, as a warm start should be
+    with pytest.raises(ValueError, match="module envs.quiz has no demo_tasks or demonstration"):
+        demo_source("quiz")
+    with pytest.raises(ConfigError, match="'quz' is neither a built-in warm-start task"):
+        load_config(None, ["model.default.task=quz"])
+    assert load_config("examples/agents/custom_env.yaml", []).model.default.task == "examples.agents.custom_env"

@@ -8,12 +8,16 @@ above them. Loading YAML and the nearest-key errors are in `agentrl.config.load`
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from agentrl.config.sources import RewardsConfig
 from agentrl.config.sources import _Strict as _Base  # one strict base (unknown keys forbidden) for the tree
+
+WARM_START_TASKS = ("guess_number", "calculator", "arithmetic")  # envs.<task> has demo_tasks and demonstration
+
 
 class DefaultModelConfig(_Base):
     """The embedded default model, built and warm-started locally when `model.path` is unset."""
@@ -29,9 +33,19 @@ class DefaultModelConfig(_Base):
     sft_steps: int = Field(300, ge=0, le=100_000, description="supervised optimizer steps")
     sft_batch_size: int = Field(64, ge=1, le=4096, description="demonstrations per SFT step")
     sft_lr: float = Field(2e-3, gt=0, le=1.0, description="peak SFT learning rate (10 % warmup, then cosine decay to 0)")
-    task: Literal["guess_number", "calculator"] = Field(
-        "guess_number", description="whose demonstrations train the tokenizer and the warm start: "
-                                    "envs.<task>.demo_tasks / demonstration")
+    task: str = Field(
+        "guess_number", description="whose demonstrations train the tokenizer and the warm start: a built-in env "
+                    "(guess_number, calculator, arithmetic: envs.<task>) or a module of yours, dotted "
+                    "(e.g. examples.agents.custom_env), with demo_tasks(n, seed, split) and "
+                    "demonstration(task, rng, optimal_prob)")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        if v not in WARM_START_TASKS and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", v):
+            raise ValueError(f"{v!r} is neither a built-in warm-start task ({', '.join(WARM_START_TASKS)}) nor a "
+                             "dotted module path (my_pkg.my_env)")
+        return v
     demo_optimal_prob: float = Field(0.3, ge=0.0, le=1.0,
                                      description="chance a demonstration step is the teacher's best play "
                                                  "(guess_number: the bisection midpoint; calculator: a "

@@ -49,3 +49,27 @@ class RepeatAfterMeEnv(Env):
         # Used when the YAML gives no dataset file; a jsonl with {"words": [...]} rows works too.
         rng = random.Random(f"{split}:{seed}")
         return [{"id": f"{split}-{i}", "words": rng.sample(WORDS, words_per_task)} for i in range(n)]
+
+
+# Optional: a teacher for the embedded default model's warm start (`model.default.task:
+# examples.agents.custom_env` in the YAML). That model is built here from scratch and knows nothing
+# until it is shown some play; an imperfect teacher leaves RL something to improve.
+def demo_tasks(n: int, seed: int, split: str) -> list[dict[str, Any]]:
+    return RepeatAfterMeEnv.make_tasks(n, seed, split)
+
+
+def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float) -> list[dict[str, Any]]:
+    """Repeats each word with probability `optimal_prob`, else says another word (and retries once)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Say {task['words'][0]}."}]
+    for i, word in enumerate(task["words"]):
+        if i:
+            messages.append({"role": "user", "content": f"Say {word}."})
+        for attempt in range(2):
+            said = word if rng.random() < optimal_prob else rng.choice([w for w in WORDS if w != word])
+            messages.append({"role": "assistant", "content": said})
+            if said == word:
+                break
+            if attempt == 1:
+                return messages
+            messages.append({"role": "user", "content": f"No. Say {word}."})
+    return messages
