@@ -186,3 +186,15 @@ def test_a_users_env_module_is_a_warm_start_task_and_its_teacher_replays_through
     with pytest.raises(ConfigError, match="'quz' is neither a built-in warm-start task"):
         load_config(None, ["model.default.task=quz"])
     assert load_config("examples/agents/custom_env.yaml", []).model.default.task == "examples.agents.custom_env"
+
+
+def test_arithmetic_teacher_is_right_at_its_rate_and_otherwise_off_by_at_most_three():
+    make, teach = demo_source("arithmetic")
+    rng, right = random.Random(0), 0
+    for task in make(2000, 0, "demo"):
+        question, reply = teach(task, rng, 0.4)
+        assert question == {"role": "user", "content": f"What is {task['a']} {task['op']} {task['b']}?"}
+        off = abs(int(reply["content"]) - task["answer"])
+        assert reply["role"] == "assistant" and off <= 3
+        right += off == 0
+    assert abs(right / 2000 - 0.4) < 0.04
