@@ -28,7 +28,9 @@ class Turn:
     n_generated: int  # generated tokens (loss mask 1) in this turn
     text: str  # decoded model output of this turn
     env_tokens: int = 0  # tokens appended for the env's reply after this turn
-    env_s: float = 0.0  # seconds the env's step took on this turn (agentrl.check prints it)
+    # seconds the env's step took on this turn (agentrl.check prints it); a measurement, not part of
+    # what the turn is, so two turns of the same ledger compare equal whatever the clock said
+    env_s: float = field(default=0.0, compare=False)
 
 
 @dataclass
