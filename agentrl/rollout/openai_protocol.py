@@ -176,8 +176,9 @@ def parse_completion(body: Any) -> CompletionRequest:
 # ---------------------------------------------------------------- responses
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """A fresh object id as OpenAI writes them: "chatcmpl-…" for chat, "resp_…" / "msg_…" for Responses."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:24]}"
 
 
 def openai_tool_calls(calls: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:

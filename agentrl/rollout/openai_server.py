@@ -301,7 +301,7 @@ class OpenAIServer:
 
     async def _responses(self, request: web.Request) -> web.StreamResponse:
         req = resp.parse_responses(await self._body(request))
-        rid, model = resp.new_id("resp"), self.cfg.model_name
+        rid, model = proto.new_id("resp", "_"), self.cfg.model_name
         events = resp.ResponseEvents(rid, model, req.echo)
 
         def whole(replies: list[Reply]) -> dict:

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.rollout.openai_protocol import ChatRequest, Message, ProtocolError, parse_chat
+from agentrl.rollout.openai_protocol import ChatRequest, Message, ProtocolError, new_id, parse_chat
 
 _REFUSED = {
     "previous_response_id": "send the whole conversation as 'input' (the session keeps the ledger)",
@@ -160,10 +159,6 @@ def parse_responses(body: Any) -> ResponsesRequest:
 # ---------------------------------------------------------------- output
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
-
-
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [] if status == "in_progress" else [_part(text)]
     return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
@@ -180,8 +175,8 @@ def call_item(item_id: str, call_id: str, name: str, args: dict[str, Any], statu
 
 def output_items(reply: Any) -> list[dict[str, Any]]:
     """A `Reply` as output items: its text (absent when the turn is only tool calls), then its calls."""
-    items = [] if reply.content is None and reply.tool_calls else [message_item(new_id("msg"), reply.content or "")]
-    return items + [call_item(new_id("fc"), cid, name, args) for cid, name, args in reply.tool_calls]
+    items = [] if reply.content is None and reply.tool_calls else [message_item(new_id("msg", "_"), reply.content or "")]
+    return items + [call_item(new_id("fc", "_"), cid, name, args) for cid, name, args in reply.tool_calls]
 
 
 def response_object(rid: str, model: str, echo: dict[str, Any], output: list[dict[str, Any]],
@@ -223,7 +218,7 @@ class ResponseEvents:
         return [self._event("response.created", response=opening), self._event("response.in_progress", response=opening)]
 
     def _open_message(self) -> list[dict[str, Any]]:
-        self.msg_id = new_id("msg")
+        self.msg_id = new_id("msg", "_")
         at = {"item_id": self.msg_id, "output_index": 0}
         return [self._event("response.output_item.added", output_index=0,
                             item=message_item(self.msg_id, "", "in_progress")),
@@ -257,7 +252,7 @@ class ResponseEvents:
                        self._event("response.output_item.done", output_index=0, item=item)]
             self.items.append(item)
         for cid, name, args in reply.tool_calls:
-            events += self._call(call_item(new_id("fc"), cid, name, args))
+            events += self._call(call_item(new_id("fc", "_"), cid, name, args))
         done = response_object(self.rid, self.model, self.echo, self.items, reply)
         kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
         return events + [self._event(kind, response=done)]
