@@ -7,6 +7,7 @@ engines and learner ranks for the configured backend.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from pathlib import Path
 from agentrl.config import Config, ConfigError
 from agentrl.data import Task
 from agentrl.env import Env
+
+log = logging.getLogger(__name__)
 
 
 def input_error(exc: ConfigError) -> int:
@@ -151,16 +154,19 @@ async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
     """(fleet, learner, weight sync) for the configured backend; the engines start first."""
     from functools import partial
 
+    from agentrl.learner.collective_push import LocalHub, RayHub
     from agentrl.learner.weight_sync import EngineWeightSync, push_dtype
     from agentrl.rollout.fleet import EngineFleet
 
-    cluster, dtype = cfg.cluster, push_dtype(cfg.engine.dtype)
+    cluster, dtype, ws = cfg.cluster, push_dtype(cfg.engine.dtype), cfg.weight_sync
     if cluster.backend == "local":
         fleet = EngineFleet.local(model_path, cfg.engine, eos_id, cluster)
         await fleet.start()
         learner = await asyncio.to_thread(build_learner, cfg, model_path, tokenizer)
-        sync = EngineWeightSync(lambda: learner.state_dict_cpu(clone=False), fleet, cfg.weight_sync.deadline_s,
-                                dtype=dtype, folder=cfg.weight_sync.handover_dir)
+        snapshot = partial(learner.state_dict_cpu, clone=False)
+        hub = LocalHub(snapshot, dtype, ws.deadline_s, ws.bucket_mb << 20)
+        publish = await pick_transport(ws.transport, fleet, hub)
+        sync = EngineWeightSync(snapshot, fleet, ws.deadline_s, dtype=dtype, folder=ws.handover_dir, publish=publish)
         return fleet, learner, sync
     from agentrl.cluster import connect
     from agentrl.learner.ray_ranks import RayLearner
@@ -174,8 +180,35 @@ async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
                             avoid_nodes=frozenset() if cluster.colocate else learner.node_ids())
     ranks_up = asyncio.to_thread(learner.start) if cluster.colocate else asyncio.sleep(0)
     await asyncio.gather(fleet.start(), ranks_up)
-    sync = EngineWeightSync(None, fleet, cfg.weight_sync.deadline_s, publish=lambda v: learner.publish(v, dtype))
+    hub = RayHub(learner, dtype, ws.deadline_s, ws.bucket_mb << 20)
+    publish = await pick_transport(ws.transport, fleet, hub) or (lambda v: learner.publish(v, dtype))
+    sync = EngineWeightSync(None, fleet, ws.deadline_s, publish=publish)
     return fleet, learner, sync
+
+
+async def pick_transport(transport: str, fleet, hub):
+    """The collective hub's `publish` once every engine has joined its group, else None (the file path).
+    `auto` falls back to files when a group cannot be formed (say, a port the engines' nodes cannot
+    reach); `collective` makes that a start-up error."""
+    from agentrl.rollout.collective_load import join
+
+    if transport == "file":
+        return None
+    try:
+        await asyncio.gather(*(join(m, hub.call) for m in fleet.members))
+    except Exception as exc:
+        if transport == "collective":
+            raise ConfigError(f"weight_sync.transport=collective: an engine could not join the weight group "
+                              f"({type(exc).__name__}: {exc}); set weight_sync.transport=file") from exc
+        log.warning("weight_sync.transport=auto: the collective weight group could not be formed (%s: %s); "
+                    "pushing weights through files", type(exc).__name__, exc)
+        hub.close()
+        return None
+    fleet.closers.append(hub.close)
+    fleet.transport = "collective"
+    log.info("weights reach the %d engine(s) through a torch.distributed group each (weight_sync.transport=%s)",
+             len(fleet.members), transport)
+    return hub.publish
 
 
 async def stop_workers(cfg: Config, fleet, learner) -> None:

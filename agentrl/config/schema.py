@@ -260,6 +260,12 @@ class WeightSyncConfig(_Base):
     deadline_s: float = Field(60.0, gt=0, description="a push that takes longer is reported as failed")
     handover_dir: str | None = Field(None, description="folder of the weight files handed to the engine "
                                                        "(default /dev/shm when it has room, else the temp folder)")
+    transport: Literal["auto", "collective", "file"] = Field(
+        "auto", description="collective: broadcast through a torch.distributed group (gloo on CPU, NCCL on GPU) "
+                            "into each engine's workers; file: a safetensors file per push (Ray: via the object "
+                            "store); auto: collective when every engine joins its group at start-up, else file")
+    bucket_mb: int = Field(64, ge=1, le=16384, description="collective: tensors travel packed in buffers of at "
+                                                          "most this many MiB (bounds the receiver's extra memory)")
 
 
 class ClusterConfig(_Base):

@@ -36,6 +36,7 @@ class LearnerRank:
         self.rank, self.world = rank, world
         torch.set_num_threads(num_threads)
         self.learner: Learner | None = None
+        self.hub = None  # rank 0's SenderHub, with the collective weight path (open_hub)
 
     def rendezvous(self) -> tuple[str, int]:
         import ray
@@ -68,6 +69,28 @@ class LearnerRank:
             return None
         blob = snapshot_bytes(state, dtype)
         return [ray.put(np.frombuffer(blob, dtype=np.uint8)), len(blob)]
+
+    def open_hub(self, timeout_s: float, bucket_bytes: int) -> None:
+        """Rank 0: the sending end of the collective weight path, on this node's address."""
+        import ray
+
+        from agentrl.learner.collective_push import SenderHub
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.hub = SenderHub(ray.util.get_node_ip_address(), timeout_s, bucket_bytes, device)
+
+    def publish_packed(self, version: int, dtype: torch.dtype | None):
+        """Every rank takes part (a ZeRO-3 gather is collective); rank 0 packs the weights into its hub
+        and returns [update info, bytes]."""
+        state = self.learner.state_dict_cpu(clone=False)
+        if self.rank != 0:
+            return None
+        return list(self.hub.publish(version, state, dtype))
+
+    def hub_call(self, name: str, *args):
+        """Rank 0's hub methods (open / join / send / release / close), each on its own actor thread:
+        a broadcast blocks, and runs while the next learner step does."""
+        return getattr(self.hub, name)(*args)
 
     def save(self, out_dir: str, tokenizer) -> None:
         self.learner.save(out_dir, tokenizer)
@@ -111,7 +134,10 @@ class RayLearner:
         remote = ray.remote(LearnerRank)
         opts = {"num_cpus": self.cluster.learner_num_cpus, "num_gpus": self.cluster.learner_num_gpus,
                 "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(self.num_threads)}}}
-        self.ranks = [remote.options(**opts).remote(r, world, self.num_threads) for r in range(world)]
+        # Rank 0 also runs the weight hub's calls: a broadcast (or a group join) per engine at once,
+        # beside a learner step, each on an actor thread of its own.
+        self.ranks = [remote.options(**opts, max_concurrency=4 + 2 * self.cluster.engines if r == 0 else 1)
+                      .remote(r, world, self.num_threads) for r in range(world)]
         t0 = time.perf_counter()
         master = self._wait([self.ranks[0].rendezvous.remote()], "start", self.cluster.start_timeout_s)[0]
         self.where = self._wait([a.setup.remote(master, self.build) for a in self.ranks], "start",
@@ -133,6 +159,14 @@ class RayLearner:
         """(object-store reference to the weights as safetensors bytes, their size)."""
         ref, size = self._wait([a.publish.remote(version, dtype) for a in self.ranks], "a weight snapshot")[0]
         return ref, size
+
+    def open_hub(self, timeout_s: float, bucket_bytes: int) -> None:
+        self._wait([self.ranks[0].open_hub.remote(timeout_s, bucket_bytes)], "opening the weight hub")
+
+    def publish_packed(self, version: int, dtype: torch.dtype | None) -> tuple[dict, int]:
+        """Rank 0 packs the weights for the collective path: (update info, bytes)."""
+        info, size = self._wait([a.publish_packed.remote(version, dtype) for a in self.ranks], "a weight snapshot")[0]
+        return info, size
 
     def save(self, out_dir: str, tokenizer) -> None:
         self._wait([a.save.remote(out_dir, tokenizer) for a in self.ranks], "saving the model")

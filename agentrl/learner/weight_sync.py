@@ -185,3 +185,5 @@ def _arg(handover: Any) -> Any:
 def _release(handover: Any) -> None:
     if isinstance(handover, Path):
         handover.unlink(missing_ok=True)
+    elif callable(getattr(handover, "release", None)):  # a collective snapshot held by the sender
+        handover.release()

@@ -53,6 +53,13 @@ def exit_with_parent() -> None:
 class WeightReceiver:
     """vLLM worker extension (mixed into the worker class by vLLM via `worker_extension_cls`)."""
 
+    def agentrl_stage_weights(self, update_info: dict) -> bool:
+        """Start receiving the next collective push in the background (`weight_receiver.stage`)."""
+        return self.weight_transfer_engine.stage(update_info)
+
+    def agentrl_wait_staged(self) -> None:
+        self.weight_transfer_engine.wait_staged()
+
     def agentrl_load_weights_file(self, path: str) -> int:
         """Reload the weights from a safetensors file the learner wrote (under /dev/shm: a memory
         copy, not a disk read). Tensors are read one at a time as vLLM consumes them."""
@@ -81,6 +88,7 @@ class Engine:
         self.llm = llm
         self.eos_id = eos_id
         self.version = 0
+        self.weights_lost = False  # a collective receive failed half-way (load_weights_collective)
         self._ids = itertools.count()
         self._lock = asyncio.Lock()  # one weight update at a time
         # Per open stream: tokens read so far, and the cuts [(token index, version before)] of each weight
@@ -99,6 +107,9 @@ class Engine:
             model=model_path, tokenizer=model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
             enforce_eager=cfg.enforce_eager, worker_extension_cls="agentrl.rollout.engine.WeightReceiver",
+            # vLLM's RL weight-transfer interface with agentrl's torch.distributed backend (the collective
+            # path, agentrl.rollout.weight_receiver); idle until a learner opens a group with it.
+            weight_transfer_config={"backend": "agentrl"},
             disable_log_stats=True, enable_prefix_caching=True, max_num_batched_tokens=cfg.max_num_batched_tokens,
             tensor_parallel_size=tensor_parallel_size,
             # A prompt split across steps breaks per-request seeded sampling on CPU (the CPU generator
@@ -199,11 +210,62 @@ class Engine:
     async def load_weights_file(self, path: str, version: int) -> float:
         """Load new weights in place from a safetensors file; in-flight requests are frozen, not
         aborted, and resume on them. Returns the seconds generation was paused."""
+        async def load() -> None:
+            await self._unless_dead(self.llm.collective_rpc("agentrl_load_weights_file", args=(path,)))
+
+        return await self._swap(version, load)
+
+    async def join_weight_group(self, init_info: dict) -> None:
+        """Join a learner's weight group (the collective path); returns once every member has joined."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._unless_dead(self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info)))
+
+    async def stage_weights(self, update_info: dict) -> None:
+        """Have the workers start receiving the next push in the background (on CPU; a no-op on GPU)."""
+        await self._unless_dead(self.llm.collective_rpc("agentrl_stage_weights", args=(update_info,)))
+
+    async def load_weights_collective(self, update_info: dict, version: int) -> float:
+        """Receive new weights through the joined group while the learner broadcasts them (or wait for
+        the staged receive, without pausing), and load them in place (vLLM's start / update / finish
+        weight update). A load that fails half-way leaves the model half-loaded: the engine stays
+        paused and reports itself dead (`weights_lost`) so the fleet restarts it, rather than sampling
+        from mixed weights."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self._unless_dead(self.llm.collective_rpc("agentrl_wait_staged"))
+
+        async def load() -> None:
+            await self._unless_dead(self.llm.start_weight_update())
+            try:
+                await self._unless_dead(self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info)))
+                await self._unless_dead(self.llm.finish_weight_update())
+            except BaseException:
+                self.weights_lost = True
+                raise
+
+        return await self._swap(version, load)
+
+    async def _unless_dead(self, call):
+        """Await a call to the engine core, or raise EngineDeadError once the core is found dead: a call
+        to a core that died never answers, and nothing else may be asking it (no generation running)."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        task = asyncio.ensure_future(call)
+        while True:
+            done, _ = await asyncio.wait([task], timeout=0.25)
+            if done:
+                return task.result()
+            if self.llm.errored:
+                task.cancel()
+                raise EngineDeadError("the vLLM engine core died during a weight load")
+
+    async def _swap(self, version: int, load) -> float:
         async with self._lock:
             t0 = time.perf_counter()
             await self.llm.pause_generation(mode="keep", clear_cache=True)
             try:
-                await self.llm.collective_rpc("agentrl_load_weights_file", args=(path,))
+                await load()
                 # Tokens sampled before the pause keep the old version even if their stream reads them
                 # after the update: each open stream gets a cut at the count sampled so far.
                 for rid, sampled in (await self._sampled_so_far()).items():
@@ -211,8 +273,12 @@ class Engine:
                         self._cuts[rid].append((sampled, self.version))
                 self.version = version
             finally:
-                await self.llm.resume_generation()
+                if not self.weights_lost:
+                    await self.llm.resume_generation()
             return time.perf_counter() - t0
+
+    def healthy(self) -> bool:
+        return self.llm is not None and not self.llm.errored and not self.weights_lost
 
     def shutdown(self) -> None:
         if self.llm is None:

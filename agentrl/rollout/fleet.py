@@ -21,125 +21,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from agentrl.config import ClusterConfig, EngineConfig
-from agentrl.rollout.engine import Engine, Generation
+from agentrl.rollout.collective_load import load_into
+from agentrl.rollout.engine import Generation
+from agentrl.rollout.members import LocalMember, Member, RayMember
 
 log = logging.getLogger(__name__)
 
 
 class FleetFailed(RuntimeError):
     """An engine died more often than `cluster.max_engine_restarts` allows, or could not start."""
-
-
-@dataclass
-class Member:
-    """One engine's slot in the fleet; subclasses say how it starts, serves and dies."""
-
-    index: int
-    version: int = 0
-    episodes: int = 0  # live leases
-    served: int = 0  # leases ever taken (episodes routed here)
-    healthy: bool = False
-    restarts: int = 0
-    epoch: int = 0  # bumped at each restart: a load begun on the dead engine must not set a version
-    last_error: str = ""
-    where: dict[str, Any] = field(default_factory=dict)
-    load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one weight load at a time, in order
-
-    async def start(self) -> None: ...
-    async def stop(self) -> None: ...
-    async def generate(self, *args) -> Generation: ...
-    async def stream(self, *args) -> AsyncIterator[Generation]:  # deltas; a Ray engine's turn is one piece
-        yield await self.generate(*args)
-    async def load_weights(self, handover: Any, version: int) -> float: ...
-    async def alive(self) -> bool: ...
-    def is_death(self, exc: BaseException) -> bool:
-        """Whether `exc` itself proves the engine is gone (no need to ask it)."""
-        return False
-
-
-@dataclass
-class LocalMember(Member):
-    """An `Engine` on this process's event loop; `handover` is the path of a safetensors file."""
-
-    model_path: str = ""
-    cfg: EngineConfig | None = None
-    eos_id: int = 0
-    engine: Engine | None = None
-
-    async def start(self) -> None:
-        self.engine = Engine.start(self.model_path, self.cfg, self.eos_id)
-        self.version = 0
-
-    async def stop(self) -> None:
-        if self.engine is not None:
-            with contextlib.suppress(Exception):  # a dead core fails its own shutdown; the process is gone
-                self.engine.shutdown()
-            self.engine = None
-
-    async def generate(self, *args) -> Generation:
-        return await self.engine.generate(*args)
-
-    async def stream(self, *args) -> AsyncIterator[Generation]:
-        async for delta in self.engine.stream(*args):
-            yield delta
-
-    async def load_weights(self, handover: Any, version: int) -> float:
-        return await self.engine.load_weights_file(str(handover), version)
-
-    async def alive(self) -> bool:
-        return self.engine is not None and not self.engine.llm.errored
-
-    def is_death(self, exc: BaseException) -> bool:
-        from vllm.v1.engine.exceptions import EngineDeadError
-
-        return isinstance(exc, EngineDeadError)
-
-
-@dataclass
-class RayMember(Member):
-    """An `EngineActor`; `handover` is an object-store reference to the safetensors bytes."""
-
-    make_actor: Callable[[int], Any] | None = None
-    start_timeout_s: float = 600.0
-    actor: Any = None
-
-    async def start(self) -> None:
-        self.actor = self.make_actor(self.index)
-        async with asyncio.timeout(self.start_timeout_s):
-            self.where = await self.actor.start.remote()
-        self.version = 0
-
-    async def stop(self) -> None:
-        import ray
-
-        if self.actor is not None:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(30):
-                    await self.actor.shutdown.remote()
-            ray.kill(self.actor, no_restart=True)
-            self.actor = None
-
-    async def generate(self, *args) -> Generation:
-        return await self.actor.generate.remote(*args)
-
-    async def load_weights(self, handover: Any, version: int) -> float:
-        return await self.actor.load_weights.remote(handover, version)
-
-    async def alive(self) -> bool:
-        try:
-            async with asyncio.timeout(30):
-                return await self.actor.alive.remote()
-        except Exception:
-            return False
-
-    def is_death(self, exc: BaseException) -> bool:
-        from ray.exceptions import RayActorError
-
-        return isinstance(exc, RayActorError)
 
 
 class _Leased:
@@ -185,6 +78,8 @@ class EngineFleet:
         self._healthy = asyncio.Event()
         self._restarts: set[asyncio.Task] = set()
         self._rotate = 0
+        self.transport = "file"  # how weights reach the engines: "collective" once pick_transport joins them
+        self.closers: list[Callable[[], None]] = []  # run at shutdown, after the engines stop (a weight hub)
 
     @classmethod
     def local(cls, model_path: str, cfg: EngineConfig, eos_id: int, cluster: ClusterConfig) -> "EngineFleet":
@@ -216,8 +111,8 @@ class EngineFleet:
             return remote.options(**opts).remote(i, model_path, cfg.model_dump(), eos_id,
                                                  cluster.tensor_parallel_size, cluster.engine_num_cpus, on_gpu)
 
-        members = [RayMember(i, make_actor=make_actor, start_timeout_s=cluster.start_timeout_s)
-                   for i in range(cluster.engines)]
+        members = [RayMember(i, make_actor=make_actor, start_timeout_s=cluster.start_timeout_s,
+                             workers=cluster.tensor_parallel_size) for i in range(cluster.engines)]
         return cls(members, cluster.max_engine_restarts)
 
     async def start(self) -> None:
@@ -290,7 +185,13 @@ class EngineFleet:
         async with member.load_lock:
             if member.version >= version or member.epoch != epoch:
                 return 0.0
-            pause = await member.load_weights(handover, version)
+            try:
+                pause = await load_into(member, handover, version)
+            except Exception as exc:
+                # Reported here, not by the caller: a load that fails after the push's deadline has
+                # stopped the caller's wait must still get a dead engine restarted.
+                await self.report_failure(member, exc)
+                raise
             if member.epoch == epoch:
                 self._set_member_version(member, version)
             return pause
@@ -304,9 +205,6 @@ class EngineFleet:
         jobs = [asyncio.ensure_future(self._load(m, handover, version)) for m in targets]
         done = await asyncio.shield(asyncio.gather(*jobs, return_exceptions=True))
         errors = [f"engine {m.index}: {r!r}" for m, r in zip(targets, done) if isinstance(r, BaseException)]
-        for m, r in zip(targets, done):
-            if isinstance(r, Exception):
-                await self.report_failure(m, r)
         skipped = [f"engine {m.index}: restarting" for m in self.members if m not in targets]
         if errors or skipped:
             raise RuntimeError("; ".join(errors + skipped))
@@ -361,7 +259,7 @@ class EngineFleet:
         while self._latest is not None and member.version < self._latest[1]:
             handover, version = self._latest
             try:
-                await member.load_weights(handover, version)
+                await load_into(member, handover, version)
             except Exception:
                 if self._latest[1] == version:
                     raise
@@ -385,7 +283,7 @@ class EngineFleet:
         self._raise_if_failed()
 
     def stats(self) -> dict[str, Any]:
-        return {"engines": len(self.members), "engine_versions": self.versions(),
+        return {"engines": len(self.members), "weight_transport": self.transport, "engine_versions": self.versions(),
                 "engine_restarts": sum(m.restarts for m in self.members),
                 "engines_healthy": sum(m.healthy for m in self.members),
                 "engine_episodes": [m.served for m in self.members],
@@ -397,3 +295,5 @@ class EngineFleet:
         await asyncio.gather(*self._restarts, return_exceptions=True)
         for m in self.members:
             await m.stop()
+        for close in self.closers:
+            close()

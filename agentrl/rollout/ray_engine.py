@@ -53,7 +53,7 @@ class EngineActor:
         return await self.engine.generate(prompt_ids, max_tokens, temperature, top_p, seed)
 
     async def alive(self) -> bool:
-        return self.engine is not None and not self.engine.llm.errored
+        return self.engine is not None and self.engine.healthy()
 
     async def load_weights(self, blob, version: int) -> float:
         """`blob`: the safetensors bytes (a uint8 array the object store hands over without a copy).
@@ -66,6 +66,15 @@ class EngineActor:
             path.unlink(missing_ok=True)
         log.debug("engine %d loaded v%d in %.2fs", self.index, version, time.perf_counter() - t0)
         return pause
+
+    async def join_weight_group(self, init_info: dict) -> None:
+        await self.engine.join_weight_group(init_info)
+
+    async def stage_weights(self, update_info: dict) -> None:
+        await self.engine.stage_weights(update_info)
+
+    async def load_weights_collective(self, update_info: dict, version: int) -> float:
+        return await self.engine.load_weights_collective(update_info, version)
 
     async def shutdown(self) -> None:
         if self.engine is not None:

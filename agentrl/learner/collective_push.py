@@ -1,0 +1,169 @@
+"""The sending end of the collective weight path: learner rank 0's side of every engine's group.
+
+A push packs the learner's weights (cast to the engine's dtype) into buckets once: the learner waits for
+that copy, as it waits for the hand-over file on the file path, and may then step on while the buckets
+are broadcast in the background. The packed snapshot is kept until the next push has landed, so a
+restarted engine can load it.
+
+`SenderHub` is synchronous and blocking (a broadcast waits for its receivers); in one process the
+driver calls it through threads (`LocalHub`), on a Ray cluster learner rank 0's actor holds it and
+the driver calls it there (`agentrl.learner.ray_ranks`). `CollectiveHandover` is what the engine fleet
+receives per push, whichever holds the hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import torch
+
+from agentrl import collective
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PackedSnapshot:
+    metas: list[collective.TensorMeta]
+    buffers: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self.metas)
+
+    def update_info(self) -> dict[str, Any]:
+        """vLLM's weight-transfer update payload (agentrl.rollout.weight_receiver.UpdateInfo)."""
+        return {"names": [m.name for m in self.metas], "dtype_names": [m.dtype for m in self.metas],
+                "shapes": [list(m.shape) for m in self.metas]}
+
+
+def pack_snapshot(state: dict[str, torch.Tensor], dtype: torch.dtype | None, bucket_bytes: int,
+                  device: torch.device | str = "cpu") -> PackedSnapshot:
+    """`state` cast to `dtype` (None keeps it) and copied into buckets: the copy never aliases the live
+    parameters, so the learner may step while it is sent. A tied head is sent under both names."""
+    if dtype is not None:
+        metas = [collective.TensorMeta(k, str(dtype).removeprefix("torch."), tuple(v.shape)) for k, v in state.items()]
+    else:
+        metas = collective.metadata(state)
+    tensors = list(state.values())
+    buffers = []
+    for b in collective.plan_buckets(metas, bucket_bytes):
+        part = [t.to(dtype) if dtype is not None else t for t in tensors[b.first:b.last]]
+        buf = collective.pack(part, b, device)
+        # A lone tensor is packed as a view of itself: copy it, the learner's next step changes it.
+        buffers.append(buf.clone() if any(buf.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                                          for t in tensors[b.first:b.last]) else buf)
+    return PackedSnapshot(metas, buffers)
+
+
+@dataclass
+class _Endpoint:
+    store: Any
+    world: int
+    group: Any = None
+
+
+class SenderHub:
+    """Rank 0's endpoints (one group per engine, keyed by the caller) and the snapshots being pushed."""
+
+    def __init__(self, host: str, timeout_s: float, bucket_bytes: int, device: str = "cpu") -> None:
+        self.host, self.timeout_s, self.bucket_bytes, self.device = host, timeout_s, bucket_bytes, device
+        self.endpoints: dict[str, _Endpoint] = {}
+        self.snapshots: dict[int, PackedSnapshot] = {}
+
+    def publish(self, version: int, state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> tuple[dict, int]:
+        snap = pack_snapshot(state, dtype, self.bucket_bytes, self.device)
+        self.snapshots[version] = snap
+        return snap.update_info(), snap.nbytes
+
+    def release(self, version: int) -> None:
+        self.snapshots.pop(version, None)
+
+    def open(self, key: str, workers: int) -> dict[str, Any]:
+        """A new group for `key` with `workers` receivers; returns the receivers' init info. The old
+        group of the same key, if any, is dropped (its engine restarted, or a push through it failed)."""
+        self.close(key)
+        store = collective.listen(self.host, 1 + workers, self.timeout_s)
+        self.endpoints[key] = _Endpoint(store, 1 + workers)
+        return {"master_address": self.host, "master_port": store.port, "rank_offset": 1,
+                "world_size": 1 + workers, "timeout_s": self.timeout_s, "bucket_bytes": self.bucket_bytes,
+                "backend": "nccl" if torch.device(self.device).type == "cuda" else "gloo"}
+
+    def join(self, key: str) -> None:
+        """Join as rank 0; returns when every receiver has joined (or raises after the timeout)."""
+        ep = self.endpoints[key]
+        ep.group = collective.join(ep.store, 0, ep.world, self.timeout_s, torch.device(self.device))
+
+    def send(self, key: str, version: int) -> float:
+        """Broadcast `version`'s buckets through `key`'s group; returns the seconds it took."""
+        t0 = time.perf_counter()
+        group = self.endpoints[key].group
+        for buf in self.snapshots[version].buffers:
+            collective.broadcast(group, buf)
+        return time.perf_counter() - t0
+
+    def close(self, key: str) -> None:
+        """Drop `key`'s group. Not shut down: a broadcast to a dead peer may still hold it on another
+        thread until the group's timeout, and a shutdown would wait for that; the last reference frees it."""
+        self.endpoints.pop(key, None)
+
+    def close_all(self) -> None:
+        for key in list(self.endpoints):
+            self.close(key)
+
+
+@dataclass
+class CollectiveHandover:
+    """One pushed version as the fleet sees it: what the receivers need, and the hub's methods as
+    coroutines (`call(name, *args)`), wherever the hub lives."""
+
+    version: int
+    update_info: dict[str, Any]
+    nbytes: int
+    call: Callable[..., Awaitable[Any]] = field(repr=False)
+    release: Callable[[], None] = field(repr=False)
+
+
+class LocalHub:
+    """A `SenderHub` in this process (the local backend), its blocking calls run in threads."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, torch.Tensor]], dtype: torch.dtype | None,
+                 timeout_s: float, bucket_bytes: int) -> None:
+        self.snapshot, self.dtype = snapshot, dtype
+        self.hub = SenderHub("127.0.0.1", timeout_s, bucket_bytes, "cuda" if torch.cuda.is_available() else "cpu")
+
+    async def call(self, name: str, *args) -> Any:
+        return await asyncio.to_thread(getattr(self.hub, name), *args)
+
+    def publish(self, version: int) -> tuple[CollectiveHandover, int]:
+        info, nbytes = self.hub.publish(version, self.snapshot(), self.dtype)
+        return CollectiveHandover(version, info, nbytes, self.call, lambda: self.hub.release(version)), nbytes
+
+    def close(self) -> None:
+        self.hub.close_all()
+
+
+class RayHub:
+    """The hub on learner rank 0's actor (`agentrl.learner.ray_ranks.LearnerRank.hub_call`): the weights
+    are broadcast from where they were gathered, never through the driver or the object store."""
+
+    def __init__(self, learner, dtype: torch.dtype | None, timeout_s: float, bucket_bytes: int) -> None:
+        self.learner, self.dtype = learner, dtype
+        learner.open_hub(timeout_s, bucket_bytes)
+
+    async def call(self, name: str, *args) -> Any:
+        return await self.learner.ranks[0].hub_call.remote(name, *args)
+
+    def publish(self, version: int) -> tuple[CollectiveHandover, int]:
+        info, nbytes = self.learner.publish_packed(version, self.dtype)
+        rank0 = self.learner.ranks[0]
+        return CollectiveHandover(version, info, nbytes, self.call,
+                                  lambda: rank0.hub_call.remote("release", version)), nbytes
+
+    def close(self) -> None:
+        if self.learner.ranks:
+            self.learner.ranks[0].hub_call.remote("close_all")
