@@ -15,6 +15,7 @@ receiver holds at most one bucket beyond the model while it loads.
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -110,10 +111,30 @@ def join(store_or_addr: torch.distributed.TCPStore | tuple[str, int], rank: int,
         store = torch.distributed.TCPStore(store_or_addr[0], store_or_addr[1], world, False, timeout)
     store = torch.distributed.PrefixStore("agentrl-weights", store)
     if device.type == "cuda":
-        opts = torch.distributed.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        return torch.distributed.ProcessGroupNCCL(store, rank, world, opts)
+        return _nccl_group(store, rank, world, timeout, device)
     return torch.distributed.ProcessGroupGloo(store, rank, world, timeout)
+
+
+def _nccl_group(store, rank: int, world: int, timeout: datetime.timedelta,
+                device: torch.device) -> torch.distributed.ProcessGroup:
+    """NCCL connects at the first collective; connect now, so a group that cannot form fails its join
+    (and `auto` falls back to files) rather than the first push. Error handling 2 (clean up only): a
+    timed-out push aborts this group, where the default would kill the learner's process with it."""
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    opts = torch.distributed.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    old = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+    try:
+        group = torch.distributed.ProcessGroupNCCL(store, rank, world, opts)
+    finally:
+        if old is None:
+            os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+        else:
+            os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = old
+    group.eager_connect_single_device(device)
+    return group
 
 
 def broadcast(group: torch.distributed.ProcessGroup, buf: torch.Tensor) -> None:

@@ -243,3 +243,15 @@ def test_an_engine_killed_mid_push_is_restarted_into_a_new_group_and_a_silent_se
             await fleet.shutdown()
 
     asyncio.run(main())
+
+
+def test_the_newest_snapshot_outlives_its_release_until_the_hub_closes():
+    """A restarted engine catches up on the newest push, even once the run has released it."""
+    hub = SenderHub("127.0.0.1", timeout_s=5, bucket_bytes=1 << 20)
+    for v in (1, 2):
+        hub.publish(v, {"w": torch.full((2,), float(v))}, None)
+    hub.release(1)
+    hub.release(2)
+    assert list(hub.snapshots) == [2]
+    hub.close_all()
+    assert hub.snapshots == {}

@@ -261,3 +261,19 @@ def test_train_cli_exits_2_on_bad_config_before_starting_anything(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "config error: unknown config key 'rollout.n_sampels'; did you mean 'rollout.n_samples'?" in proc.stderr
     assert not (tmp_path / "run").exists()  # nothing was started or written
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"cluster": {"backend": "ray", "engine_num_gpus": 1, "tensor_parallel_size": 2}},
+     "cluster.engine_num_gpus=1 must equal cluster.tensor_parallel_size=2"),
+    ({"cluster": {"backend": "ray", "learner_num_gpus": 0.5}}, "cluster.learner_num_gpus=0.5 must be 0 or 1"),
+])
+def test_gpu_placements_a_node_would_refuse_are_config_errors(data, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(data)
+
+
+def test_weight_transport_is_validated_with_the_valid_values_named():
+    assert build_config({}).weight_sync.transport == "auto"
+    with pytest.raises(ConfigError, match="auto.*collective.*file"):
+        build_config({"weight_sync": {"transport": "nccl"}})

@@ -61,8 +61,12 @@ def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_
     assert fleet["engines"] == 2 and fleet["engines_healthy"] == 2 and fleet["engine_restarts"] == 0
     assert all(n > 0 for n in fleet["engine_episodes"])  # both engines served episodes
     assert fleet["engine_versions"] == [30, 30]  # every engine serves the final weights
+    assert fleet["weight_transport"] == "collective"  # auto: rank 0 broadcasts into both engines' workers
     assert all(r["push_failures"] == 0 for r in records)
     assert all(r["trained_staleness_max"] == 0 for r in records)
+    # On-policy, every token was sampled by weights pushed through the groups: the learner's logprobs
+    # of them equal vLLM's (float32 both sides), so each push delivered the learner's exact weights.
+    assert all(r["policy/mismatch_abs"] < 1e-4 for r in records)
     # The short warm start learns fragilely: lr 1e-3 gave +0.047 once and a collapse to 0.0 in CI, and
     # after the warm start moved onto the stage loop lr 5e-4 collapsed too (0.242 -> 0.0), so
     # this guards against collapse (a broken push or gradient would show as one) rather than asking
@@ -111,6 +115,7 @@ def check_recovered(summary: dict, records: list[dict], steps: int, engines: int
     assert lost > 0  # the episodes in flight on the dead engine, counted
     assert all(r.get("episodes/engine_error", 0) <= lost for r in records)
     fleet = summary["fleet"]
+    assert fleet["weight_transport"] == "collective"  # the restarted engine joined a new group
     assert fleet["engine_restarts"] == 1 and fleet["engines_healthy"] == engines
     assert fleet["engine_versions"] == [steps] * engines  # the restarted engine serves the current version
     assert summary["eval_after"]["failed"] == {}

@@ -354,6 +354,14 @@ class Config(_Base):
         if self.algo.advantage == "gae" and self.critic.init_from == "reward_model" and not any(
                 s.type == "reward_model" for s in self.rewards.sources):
             raise ValueError("critic.init_from=reward_model needs a rewards source of type reward_model")
+        c = self.cluster
+        if c.engine_num_gpus > 0 and c.tensor_parallel_size > 1 and c.engine_num_gpus != c.tensor_parallel_size:
+            # vLLM starts its tensor-parallel workers inside the actor, on the GPUs Ray gave the actor.
+            raise ValueError(f"cluster.engine_num_gpus={c.engine_num_gpus:g} must equal cluster.tensor_parallel_size="
+                             f"{c.tensor_parallel_size} (each engine actor holds the GPUs of all its workers)")
+        if c.learner_num_gpus not in (0, 1):
+            raise ValueError(f"cluster.learner_num_gpus={c.learner_num_gpus:g} must be 0 or 1 (one GPU per "
+                             f"DeepSpeed rank; more ranks for more GPUs)")
         ranks = self.cluster.learner_ranks
         if ranks > 1 and self.cluster.backend != "ray":
             raise ValueError(f"cluster.learner_ranks={ranks} needs cluster.backend=ray")

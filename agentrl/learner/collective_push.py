@@ -14,6 +14,7 @@ receives per push, whichever holds the hub.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -72,16 +73,22 @@ class SenderHub:
 
     def __init__(self, host: str, timeout_s: float, bucket_bytes: int, device: str = "cpu") -> None:
         self.host, self.timeout_s, self.bucket_bytes, self.device = host, timeout_s, bucket_bytes, device
+        self._cuda = torch.device(device).type == "cuda"
         self.endpoints: dict[str, _Endpoint] = {}
         self.snapshots: dict[int, PackedSnapshot] = {}
 
     def publish(self, version: int, state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> tuple[dict, int]:
         snap = pack_snapshot(state, dtype, self.bucket_bytes, self.device)
+        if self._cuda:
+            torch.cuda.current_stream().synchronize()  # the copies land before another stream sends them
         self.snapshots[version] = snap
         return snap.update_info(), snap.nbytes
 
     def release(self, version: int) -> None:
-        self.snapshots.pop(version, None)
+        """Drop `version` unless it is the newest: that one stays until the hub closes, because an
+        engine restarting after the last push (the run may be ending) catches up by loading it."""
+        if version != max(self.snapshots, default=version):
+            self.snapshots.pop(version, None)
 
     def open(self, key: str, workers: int) -> dict[str, Any]:
         """A new group for `key` with `workers` receivers; returns the receivers' init info. The old
@@ -102,8 +109,14 @@ class SenderHub:
         """Broadcast `version`'s buckets through `key`'s group; returns the seconds it took."""
         t0 = time.perf_counter()
         group = self.endpoints[key].group
-        for buf in self.snapshots[version].buffers:
-            collective.broadcast(group, buf)
+        # On GPU a broadcast only queues on the current stream: send on a stream of its own (not the
+        # learner's compute stream, which would wait for the push) and wait for it, so the time is real.
+        stream = torch.cuda.Stream() if self._cuda else None
+        with torch.cuda.stream(stream) if self._cuda else contextlib.nullcontext():
+            for buf in self.snapshots[version].buffers:
+                collective.broadcast(group, buf)
+        if stream is not None:
+            stream.synchronize()
         return time.perf_counter() - t0
 
     def close(self, key: str) -> None:
@@ -114,6 +127,7 @@ class SenderHub:
     def close_all(self) -> None:
         for key in list(self.endpoints):
             self.close(key)
+        self.snapshots.clear()
 
 
 @dataclass
@@ -134,7 +148,9 @@ class LocalHub:
     def __init__(self, snapshot: Callable[[], dict[str, torch.Tensor]], dtype: torch.dtype | None,
                  timeout_s: float, bucket_bytes: int) -> None:
         self.snapshot, self.dtype = snapshot, dtype
-        self.hub = SenderHub("127.0.0.1", timeout_s, bucket_bytes, "cuda" if torch.cuda.is_available() else "cpu")
+        # gloo, from host memory, even on a GPU machine: the local engine's worker sits on the driver's
+        # cuda:0, and NCCL refuses two ranks on one GPU. The worker copies each bucket to its GPU.
+        self.hub = SenderHub("127.0.0.1", timeout_s, bucket_bytes, "cpu")
 
     async def call(self, name: str, *args) -> Any:
         return await asyncio.to_thread(getattr(self.hub, name), *args)

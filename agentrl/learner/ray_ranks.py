@@ -132,8 +132,11 @@ class RayLearner:
 
         world = self.cluster.learner_ranks
         remote = ray.remote(LearnerRank)
+        env = {"OMP_NUM_THREADS": str(self.num_threads)}
+        if not self.cluster.learner_num_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # Ray leaves every GPU visible to an actor that asked for none
         opts = {"num_cpus": self.cluster.learner_num_cpus, "num_gpus": self.cluster.learner_num_gpus,
-                "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(self.num_threads)}}}
+                "runtime_env": {"env_vars": env}}
         # Rank 0 also runs the weight hub's calls: a broadcast (or a group join) per engine at once,
         # beside a learner step, each on an actor thread of its own.
         self.ranks = [remote.options(**opts, max_concurrency=4 + 2 * self.cluster.engines if r == 0 else 1)

@@ -1,10 +1,14 @@
 """Versioned weight pushes from the learner to the rollout engine, each with a deadline.
 
-`WeightSync` is the interface; `EngineWeightSync` hands a snapshot over through shared memory: the
-learner writes its weights once as a safetensors file under /dev/shm (a RAM-backed filesystem) and
-the engine's worker reads that file by name, so only a path crosses the RPC. The pickled-bytes path
-it replaces cost 16 s per push for a 538 MB model, nearly all of it in the RPC transport
-(DESIGN.md); this one costs a memory copy on each side plus vLLM's `reload_weights`.
+`WeightSync` is the interface; `EngineWeightSync` runs the pushes, in order, through one of two
+transports (`weight_sync.transport`):
+- collective (auto's choice where every engine joins its group): `publish` is a hub's
+  (agentrl.learner.collective_push): the snapshot is packed into buckets and broadcast through a
+  torch.distributed group into each engine's workers;
+- file: the learner writes its weights once as a safetensors file under /dev/shm (a RAM-backed
+  filesystem) and the engine's worker reads that file by name, so only a path crosses the RPC. The
+  pickled-bytes path it replaced cost 16 s per push for a 538 MB model, nearly all of it in the RPC
+  transport (DESIGN.md); this one costs a memory copy on each side plus vLLM's `reload_weights`.
 
 Pushes are ordered (version n+1 never overtakes n) and run in the background so the learner can
 start its next step at once; a push that misses its deadline or fails is reported in `PushResult`,

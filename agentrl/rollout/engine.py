@@ -1,10 +1,18 @@
 """vLLM AsyncLLM wrapper: token-in/token-out generation with per-token logprobs and policy versions,
-and in-place weight updates.
+and in-place weight updates by either of two paths.
 
-Weights arrive as the path of a safetensors file in shared memory (agentrl.learner.weight_sync);
-only the path crosses `collective_rpc` to `WeightReceiver`, a worker extension that calls
-`model_runner.reload_weights`: on CPU, tensors do not survive the RPC between processes, and
-`model.load_weights` fails after the CPU backend repacks weights (DESIGN.md).
+The collective path (default): the engine is built with vLLM's RL weight-transfer interface on the
+`agentrl` backend (agentrl.rollout.weight_receiver); it joins a learner's torch.distributed group
+once (`join_weight_group`), and each push is received there (`stage_weights`,
+`load_weights_collective`) and loaded by vLLM's layerwise in-place reload.
+
+The file path (`weight_sync.transport=file`): weights arrive as the path of a safetensors file in
+shared memory (agentrl.learner.weight_sync); only the path crosses `collective_rpc` to
+`WeightReceiver`, a worker extension that calls `model_runner.reload_weights`: on CPU, tensors do not
+survive the RPC between processes (DESIGN.md).
+
+Either way generation is paused with in-flight requests kept, and a call to a core that died raises
+instead of waiting for ever (`_unless_dead`).
 """
 
 from __future__ import annotations

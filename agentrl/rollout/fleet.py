@@ -97,7 +97,8 @@ class EngineFleet:
         from agentrl.rollout.ray_engine import EngineActor
 
         remote = ray.remote(EngineActor)
-        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid_nodes]
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid_nodes
+                 and n["Resources"].get("GPU", 0) >= cluster.engine_num_gpus]  # pinned engines must fit
         if avoid_nodes and not nodes:
             raise FleetFailed("cluster.colocate=false: every node of the Ray cluster holds a learner rank; "
                               "add a node or set cluster.colocate=true")
@@ -106,6 +107,8 @@ class EngineFleet:
         def make_actor(i: int):
             # vLLM's log level reaches the actors through the job's runtime_env (agentrl.cluster.connect).
             opts: dict[str, Any] = {"num_cpus": cluster.engine_num_cpus, "num_gpus": cluster.engine_num_gpus}
+            if not on_gpu:  # Ray leaves every GPU visible to an actor that asked for none
+                opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
             if avoid_nodes:
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
             return remote.options(**opts).remote(i, model_path, cfg.model_dump(), eos_id,
