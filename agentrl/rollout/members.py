@@ -49,8 +49,24 @@ class Member:
         return False
 
 
+class OnEngine:
+    """The collective path's calls, passed on to `self.engine`, an `Engine` in this process (a local
+    member's, or the Ray engine actor's)."""
+
+    engine: Engine | None
+
+    async def join_weight_group(self, init_info: dict) -> None:
+        await self.engine.join_weight_group(init_info)
+
+    async def stage_weights(self, update_info: dict) -> None:
+        await self.engine.stage_weights(update_info)
+
+    async def load_weights_collective(self, update_info: dict, version: int) -> float:
+        return await self.engine.load_weights_collective(update_info, version)
+
+
 @dataclass
-class LocalMember(Member):
+class LocalMember(OnEngine, Member):
     """An `Engine` on this process's event loop; `handover` is the path of a safetensors file."""
 
     model_path: str = ""
@@ -77,15 +93,6 @@ class LocalMember(Member):
 
     async def load_weights(self, handover: Any, version: int) -> float:
         return await self.engine.load_weights_file(str(handover), version)
-
-    async def join_weight_group(self, init_info: dict) -> None:
-        await self.engine.join_weight_group(init_info)
-
-    async def stage_weights(self, update_info: dict) -> None:
-        await self.engine.stage_weights(update_info)
-
-    async def load_weights_collective(self, update_info: dict, version: int) -> float:
-        return await self.engine.load_weights_collective(update_info, version)
 
     async def alive(self) -> bool:
         return self.engine is not None and self.engine.healthy()

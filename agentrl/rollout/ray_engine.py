@@ -16,6 +16,7 @@ from typing import Any
 from agentrl.config import EngineConfig
 from agentrl.rollout.engine import Engine, Generation
 from agentrl.rollout.handover import write_handover
+from agentrl.rollout.members import OnEngine
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def cpu_binding(index: int, num_cpus: float) -> str:
     return ",".join(str(c) for c in picked)
 
 
-class EngineActor:
+class EngineActor(OnEngine):
     """Wrapped by `ray.remote` in `agentrl.rollout.fleet`; every method but the constructor is async."""
 
     def __init__(self, index: int, model_path: str, engine_cfg: dict[str, Any], eos_id: int,
@@ -66,15 +67,6 @@ class EngineActor:
             path.unlink(missing_ok=True)
         log.debug("engine %d loaded v%d in %.2fs", self.index, version, time.perf_counter() - t0)
         return pause
-
-    async def join_weight_group(self, init_info: dict) -> None:
-        await self.engine.join_weight_group(init_info)
-
-    async def stage_weights(self, update_info: dict) -> None:
-        await self.engine.stage_weights(update_info)
-
-    async def load_weights_collective(self, update_info: dict, version: int) -> float:
-        return await self.engine.load_weights_collective(update_info, version)
 
     async def shutdown(self) -> None:
         if self.engine is not None:
