@@ -84,16 +84,19 @@ def test_custom_env_example_runs(tmp_path, model_dir):
 
 @pytest.mark.parametrize("model, lr", [("model_dir", 1e-3), ("smollm2_dir", 1e-4)])
 def test_vllm_logprobs_match_learner_after_push(request, model, lr):
-    """After a learner step and a push (a file in /dev/shm, its path through the RPC), vLLM's logprobs
-    of a fixed sequence equal the learner's within 1e-4 (float32), and differ from the pre-step ones
-    (the push really changed the weights): on the embedded default and on SmolLM2-135M (tied embeddings)."""
+    """After a learner step and a push, vLLM's logprobs of a fixed sequence equal the learner's within
+    1e-4 (float32), and differ from the pre-step ones (the push really changed the weights): on the
+    embedded default and on SmolLM2-135M (tied embeddings), through each transport in turn on one
+    engine: a file in /dev/shm (its path through the RPC), then a gloo group into vLLM's worker."""
     model_dir = request.getfixturevalue(model)
     from agentrl.chat import load_tokenizer
-    from agentrl.config import AlgoConfig, EngineConfig, LearnerConfig
-    from agentrl.rollout.engine import Engine
+    from agentrl.config import AlgoConfig, ClusterConfig, EngineConfig, LearnerConfig
+    from agentrl.learner.collective_push import LocalHub
     from agentrl.learner.rl import Learner
-    from agentrl.types import Episode, TrainBatch
     from agentrl.learner.weight_sync import EngineWeightSync
+    from agentrl.rollout.fleet import EngineFleet
+    from agentrl.startup import pick_transport
+    from agentrl.types import Episode, TrainBatch
 
     tok = load_tokenizer(model_dir)
     seq = tok.apply_chat_template([{"role": "user", "content": "Guess my number from 1 to 15."},
@@ -102,7 +105,9 @@ def test_vllm_logprobs_match_learner_after_push(request, model, lr):
     ids = tok.encode(seq, add_special_tokens=False)
 
     async def main() -> None:
-        engine = Engine.start(model_dir, EngineConfig(max_num_seqs=8), tok.eos_token_id)
+        fleet = EngineFleet.local(model_dir, EngineConfig(max_num_seqs=8), tok.eos_token_id, ClusterConfig())
+        await fleet.start()
+        engine = fleet.members[0].engine
         try:
             learner = await asyncio.to_thread(Learner, model_dir, LearnerConfig(lr=lr), AlgoConfig(), 1.0, 2)
             before = await engine.score(ids)
@@ -114,21 +119,27 @@ def test_vllm_logprobs_match_learner_after_push(request, model, lr):
             other.append(ids[-3:], generated=True, logprobs=before[-3:], versions=[0, 0, 0])
             ep.reward = 1.0
             batch = TrainBatch.from_episodes([ep, other], torch.tensor([1.0, -0.5]), tok.pad_token_id)
-            await asyncio.to_thread(learner.step, batch)
-            sync = EngineWeightSync(lambda: learner.state_dict_cpu(clone=False), engine, deadline_s=60)
-            await sync.push(learner.version)
-            (result,) = await sync.drain()
-            assert result.ok and engine.version == 1 and result.pause_s > 0
-            after = await engine.score(ids)
             probe = TrainBatch.from_episodes([ep], torch.zeros(1), tok.pad_token_id)
             probe.loss_mask[:] = 1.0
-            learner_lp = learner.logprobs(probe)[0, 1:len(ids)].tolist()
-            diff = max(abs(a - b) for a, b in zip(after, learner_lp))
-            change = max(abs(a - b) for a, b in zip(after, before))
-            assert diff < 1e-4, diff
-            assert change > 1e-2, change
+            snapshot = lambda: learner.state_dict_cpu(clone=False)  # noqa: E731
+            hub = LocalHub(snapshot, None, 60, 1 << 20)
+            for transport in ("file", "collective"):
+                await asyncio.to_thread(learner.step, batch)
+                publish = await pick_transport(transport, fleet, hub)
+                sync = EngineWeightSync(snapshot, fleet, deadline_s=60, publish=publish)
+                await sync.push(learner.version)
+                (result,) = await sync.drain()
+                assert result.ok and engine.version == learner.version and result.pause_s > 0, (transport, result)
+                after = await engine.score(ids)
+                learner_lp = learner.logprobs(probe)[0, 1:len(ids)].tolist()
+                diff = max(abs(a - b) for a, b in zip(after, learner_lp))
+                change = max(abs(a - b) for a, b in zip(after, before))
+                assert diff < 1e-4, (transport, diff)
+                assert change > 1e-2, (transport, change)
+                before = after
+            assert fleet.transport == "collective"
         finally:
-            engine.shutdown()
+            await fleet.shutdown()
 
     asyncio.run(main())
 
