@@ -9,10 +9,7 @@ path, an object-store reference) goes to the member's file path.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def is_collective(handover: Any) -> bool:
