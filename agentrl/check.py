@@ -130,7 +130,8 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
                replies: list[str] | None) -> Played:
     """Play `tasks` on one local engine (on `replies` when given) and score them as training does."""
     from agentrl.learner.models import frozen_engine
-    from agentrl.rollout.episode import EpisodeSpec, run_episode
+    from agentrl.rollout.episode_base import EpisodeSpec
+    from agentrl.rollout.runner import episode_runner
     from agentrl.rollout.fleet import EngineFleet
     from agentrl.tools import aclose_shared
     from rewards.sources import RewardCombiner
@@ -138,7 +139,7 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
     async def one(i: int, task: dict) -> tuple[Episode, list | None]:
         made = _Made(spec.env_cls)
         async with engine.lease() as leased:
-            ep = await run_episode(task, leased, dataclasses.replace(spec, env_cls=made),
+            ep = await episode_runner(spec.env_cls)(task, leased, dataclasses.replace(spec, env_cls=made),
                                    i if split == "train" else -1 - i, cfg.data.seed * 100_003 + i)
         if ep.status in TRAINABLE_STATUSES:
             await scorer.score(ep)

@@ -50,7 +50,24 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class Env(ABC):
+class Environment(ABC):
+    """What every environment shares, whichever way its episodes run: one instance per episode,
+    `close()` after it, an optional built-in task generator. `Env` (reset/step: rollout drives the
+    turns) and `AgentEnv` (run: the agent drives an OpenAI client) are its two kinds; the rollout pool
+    picks the episode runner once, from `is_agent`."""
+
+    is_agent: bool = False
+
+    async def close(self) -> None:
+        """Release per-episode resources. Called once, also after errors."""
+
+    @classmethod
+    def make_tasks(cls, n: int, seed: int, split: str) -> list[dict[str, Any]]:
+        """Built-in task generator for envs that synthesise their own tasks (used when no dataset path is set)."""
+        raise NotImplementedError(f"{cls.__name__} has no built-in task generator; set data.train_path")
+
+
+class Env(Environment):
     """Base class for environments. Subclasses set `tools` (OpenAI function specs) if they have any."""
 
     tools: list[dict[str, Any]] = []
@@ -63,16 +80,8 @@ class Env(ABC):
     async def step(self, action: Action) -> StepResult:
         """Apply the model's turn and return what happens next."""
 
-    async def close(self) -> None:
-        """Release per-episode resources. Called once, also after errors."""
 
-    @classmethod
-    def make_tasks(cls, n: int, seed: int, split: str) -> list[dict[str, Any]]:
-        """Built-in task generator for envs that synthesise their own tasks (used when no dataset path is set)."""
-        raise NotImplementedError(f"{cls.__name__} has no built-in task generator; set data.train_path")
-
-
-class AgentEnv(Env):
+class AgentEnv(Environment):
     """An episode is one call of `run`, with a client whose every request the episode's ledger records.
 
     `run` returns the reward: a number, or a dict {"reward": float, "success": bool, ...} whose other
@@ -83,16 +92,11 @@ class AgentEnv(Env):
     """
 
     is_agent = True
+    tools: list[dict[str, Any]] = []  # the agent sends its tools with each request; none are declared up front
 
     @abstractmethod
     async def run(self, client: Any, task: dict[str, Any]) -> float | dict[str, Any] | None:
         """Play the task with `client` (an `openai.AsyncOpenAI`); return its reward."""
-
-    async def reset(self, task: dict[str, Any]) -> Observation:
-        raise TypeError("an AgentEnv's episodes run through run(client, task), not reset/step")
-
-    async def step(self, action: Action) -> StepResult:
-        raise TypeError("an AgentEnv's episodes run through run(client, task), not reset/step")
 
 
 def agent_from_function(fn: Any, name: str) -> type[AgentEnv]:
@@ -112,8 +116,8 @@ def to_messages(obs: Observation | None) -> list[Message]:
     return list(obs)
 
 
-def load_env(import_path: str) -> type[Env]:
-    """Resolve `package.module:ClassName` to an Env subclass, with errors that say what is wrong."""
+def load_env(import_path: str) -> type[Environment]:
+    """Resolve `package.module:ClassName` to an Env or AgentEnv subclass, with errors that say what is wrong."""
     if ":" not in import_path:
         raise ValueError(f"env import path {import_path!r} must look like 'package.module:ClassName'")
     module_name, _, attr = import_path.partition(":")
@@ -127,9 +131,9 @@ def load_env(import_path: str) -> type[Env]:
         raise ValueError(f"module {module_name!r} has no attribute {attr!r}; classes there: {names}")
     if inspect.iscoroutinefunction(cls):
         return agent_from_function(cls, attr)
-    if not (isinstance(cls, type) and issubclass(cls, Env)):
-        raise ValueError(f"{import_path!r} is not a subclass of agentrl.env.Env (nor an async agent function "
-                         "run(client, task))")
+    if not (isinstance(cls, type) and issubclass(cls, Environment)):
+        raise ValueError(f"{import_path!r} is not a subclass of agentrl.env.Env or agentrl.env.AgentEnv (nor an "
+                         "async agent function run(client, task))")
     if inspect.isabstract(cls):
         missing = sorted(getattr(cls, "__abstractmethods__", ()))
         raise ValueError(f"{import_path!r} is abstract: implement {missing}")

@@ -17,7 +17,7 @@ import asyncio
 import math
 from typing import Any
 
-from agentrl.rollout.episode import finish_episode, new_episode
+from agentrl.rollout.episode_base import finish_episode, new_episode
 from agentrl.rollout.session import Limits
 from agentrl.tracebacks import describe
 from agentrl.types import Episode

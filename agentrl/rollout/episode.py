@@ -1,4 +1,5 @@
-"""One episode against the engine: `run_episode` builds its token ledger (`Episode.append`).
+"""One Env episode against the engine: `run_episode` drives the turns and builds the token ledger
+(`Episode.append`). AgentEnv episodes run in `rollout.agent_episode`; `rollout.runner` picks.
 
 Nothing here knows about DeepSpeed. Failures of user code (Env) and of the engine end only their
 own episode with a recorded status; cancellation (shutdown) still propagates.
@@ -9,44 +10,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from agentrl.chat import ChatFormat
-from agentrl.config import RolloutConfig
-from agentrl.rollout.engine import Generation
 from agentrl.env import Action, Env, to_messages
+from agentrl.rollout.episode_base import (EngineFailure, EpisodeSpec, GenerateFn,  # noqa: F401 (re-exported)
+                                          finish_episode, new_episode, trim_to_context)
 from agentrl.tools import get_tool_parser, record_tool_turn
 from agentrl.tracebacks import describe
 from agentrl.types import Episode, Turn
 
 log = logging.getLogger(__name__)
-
-
-class GenerateFn(Protocol):
-    """What rollout needs from an engine (the real `Engine`, or a fake in unit tests)."""
-
-    async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
-                       top_p: float = 1.0, seed: int | None = None) -> Generation: ...
-
-
-class EngineFailure(Exception):
-    """The engine failed to produce a turn (as opposed to the Env failing)."""
-
-
-@dataclass
-class EpisodeSpec:
-    """Everything that stays fixed across the episodes of one run."""
-
-    env_cls: type[Env]
-    env_kwargs: dict[str, Any]
-    fmt: ChatFormat
-    cfg: RolloutConfig
-    max_model_len: int
-    # AgentEnv runs: the OpenAI endpoint their sessions live on (agent_episode.make_server), and
-    # whether reward sources other than the env's own score episodes (then an agent may return None).
-    server: Any = None
-    scored_by_sources: bool = False
 
 
 async def _generate(engine: GenerateFn, ep: Episode, spec: EpisodeSpec, budget: int, seed: int | None):
@@ -99,38 +72,9 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
     ep.status = "truncated"
 
 
-def new_episode(task: dict[str, Any], group_id: int) -> Episode:
-    """An empty episode for `task`, with the tool-call counters `record_tool_turn` adds to."""
-    return Episode(task_id=str(task.get("id", "")), group_id=group_id,
-                   info={"task": task, "tool_calls": 0, "tool_parse_errors": 0, "tool_call_turns": 0})
-
-
-async def finish_episode(ep: Episode, env: Any, spec: EpisodeSpec) -> None:
-    """Trim the ledger to the context and close the env (or agent) under the turn deadline; a failing
-    close() is recorded in `info` but keeps the episode's result."""
-    trim_to_context(ep, spec.max_model_len)
-    if env is not None:
-        try:
-            await asyncio.wait_for(env.close(), spec.cfg.turn_timeout_s)
-        except Exception as exc:
-            ep.info["close_error"] = repr(exc)
-
-
-def trim_to_context(ep: Episode, max_len: int) -> None:
-    """Drop trailing env tokens past the context length (only unmasked env text can be there, since
-    each generation budget is capped by it); they carry nothing to train on."""
-    if len(ep.tokens) > max_len:
-        for seq in (ep.tokens, ep.loss_mask, ep.logprobs, ep.versions):
-            del seq[max_len:]
-
-
 async def run_episode(task: dict[str, Any], engine: GenerateFn, spec: EpisodeSpec, group_id: int = 0,
                       seed: int | None = None) -> Episode:
-    """Play one episode. Never raises for Env or engine failures: they set `status` and `error`."""
-    if getattr(spec.env_cls, "is_agent", False):
-        from agentrl.rollout.agent_episode import run_agent_episode
-
-        return await run_agent_episode(task, engine, spec, group_id, seed)
+    """Play one Env episode. Never raises for Env or engine failures: they set `status` and `error`."""
     ep = new_episode(task, group_id)
     env: Env | None = None
     try:

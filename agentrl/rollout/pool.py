@@ -19,8 +19,9 @@ import torch
 from agentrl import faults
 from agentrl.algo import informative_groups
 from agentrl.buffer import BufferClosed, StalenessBuffer
-from agentrl.rollout.episode import EpisodeSpec, GenerateFn, run_episode
+from agentrl.rollout.episode_base import EpisodeSpec, GenerateFn
 from agentrl.rollout.failures import FailureWatch
+from agentrl.rollout.runner import episode_runner
 from agentrl.tools import ToolCallStats
 from agentrl.types import TRAINABLE_STATUSES, Episode, Group
 
@@ -42,6 +43,7 @@ class RolloutPool:
 
     def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None) -> None:
         self.engine, self.spec, self.scorer = engine, spec, scorer
+        self.run_episode = episode_runner(spec.env_cls)  # an Env's turns or an AgentEnv's run, fixed for the run
         self._sem = asyncio.Semaphore(spec.cfg.max_concurrency)
         self.in_flight = 0
         self.status_counts: Counter[str] = Counter()
@@ -66,7 +68,7 @@ class RolloutPool:
                 # A fleet pins the episode to one engine for all its turns (its prefix cache).
                 lease = getattr(self.engine, "lease", None)
                 async with (lease() if lease else contextlib.nullcontext(self.engine)) as engine:
-                    ep = await run_episode(task, engine, self.spec, group_id, seed)
+                    ep = await self.run_episode(task, engine, self.spec, group_id, seed)
                 ep.sample = sample
                 faults.reached("generation")  # this episode is done; others are mid-generation
             finally:
