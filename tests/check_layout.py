@@ -7,6 +7,10 @@
   * `agentrl/rollout` imports neither DeepSpeed nor `agentrl.learner`;
   * `rewards/` never imports `agentrl.learner`;
   * no component imports `agentrl.train` (the wiring sits on top);
+  * imports point down: every unit of `agentrl/` (a top-level module or sub-package), `envs/` and
+    `rewards/` sits in one tier of `TIERS`, and imports only units of its own tier or of tiers below;
+  * no import circles among the project's files (imports at any depth, except under
+    `if TYPE_CHECKING:`, which never run), found as strongly connected components;
   * no non-test Python file is over 400 lines.
 
 Run it as `python tests/check_layout.py` (prints each violation, exits 1 if any); tests/test_layout.py
@@ -22,6 +26,27 @@ from pathlib import Path
 MAX_LINES = 400
 CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl.tools")
 PROJECT = ("agentrl", "rewards", "envs", "examples", "bench", "tests")
+LIBRARY = ("agentrl", "envs", "rewards")  # what the tier and circle rules cover
+
+# Lowest first. A unit may import its own tier and the tiers below; within a tier the circle rule
+# keeps the arrows one-way. The README's layout section lists the same units.
+TIERS: tuple[tuple[str, ...], ...] = (
+    ("agentrl", "agentrl.types", "agentrl.algo", "agentrl.faults", "agentrl.tracebacks", "agentrl.stdio",
+     "agentrl.files", "agentrl.plot", "agentrl.tool_formats"),  # leaves: nothing of the project
+    ("agentrl.config",),  # the validated tree
+    ("agentrl.http_common", "agentrl.chat", "agentrl.trackers", "agentrl.collective", "agentrl.buffer",
+     "agentrl.learning_signal", "agentrl.metrics"),
+    ("agentrl.tools", "agentrl.tool_client"),
+    ("agentrl.env", "agentrl.data"),
+    ("rewards", "envs", "agentrl.rollout"),  # the components a run is made of
+    ("agentrl.learner",),
+    ("agentrl.cluster", "agentrl.default_model", "agentrl.checkpoint"),
+    ("agentrl.models",),
+    ("agentrl.startup",),
+    ("agentrl.run",),  # one RL run: set-up, loop, checkpoints, clean-up
+    ("agentrl.train", "agentrl.eval", "agentrl.serve", "agentrl.replay", "agentrl.check", "agentrl.stage_cli",
+     "agentrl.lora_merge", "agentrl.sft", "agentrl.rm", "agentrl.prm", "agentrl.dpo", "agentrl.kto"),  # the CLIs
+)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -50,6 +75,28 @@ def imports(path: Path, root: Path) -> list[tuple[int, str]]:
     return out
 
 
+def unit(name: str) -> str:
+    """The layout unit of a module: `agentrl.<top>` for agentrl's, else the top-level package."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "agentrl" else parts[0]
+
+
+def tier(name: str) -> int | None:
+    u = unit(name)
+    return next((i for i, units in enumerate(TIERS) if u in units), None)
+
+
+def _tier_violation(module: str, name: str) -> str | None:
+    if not (_within(module, LIBRARY) and _within(name, LIBRARY)) or unit(module) == unit(name):
+        return None
+    mine, theirs = tier(module), tier(name)
+    if mine is None:
+        return f"{unit(module)} is in no tier of tests/check_layout.py TIERS (place it there)"
+    if theirs is not None and theirs > mine:
+        return f"imports point down: {unit(module)} (tier {mine}) imports {unit(name)} (tier {theirs})"
+    return None
+
+
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
@@ -71,7 +118,64 @@ def rule_violations(module: str, name: str) -> str | None:
         return "rewards/ never imports agentrl.learner"
     if module != "agentrl.train" and _within(name, ("agentrl.train",)) and not _within(module, ("tests",)):
         return "components never import agentrl.train"
-    return None
+    return _tier_violation(module, name)
+
+
+def runtime_imports(path: Path, root: Path) -> list[str]:
+    """Module names imported anywhere in the file except under `if TYPE_CHECKING:` (never run)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for b in node.body for n in ast.walk(b)}
+    wanted = {(node.lineno, node.col_offset) for node in ast.walk(tree)
+              if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in skip}
+    lines = {line for line, _ in wanted}
+    return [name for line, name in imports(path, root) if line in lines]
+
+
+def circles(root: Path) -> list[list[str]]:
+    """Strongly connected components (size > 1) of the import graph of LIBRARY's modules. Importing a
+    name resolves to the longest module prefix; a package's circles with its own children through
+    its `__init__` re-exports are not circles of the design and are left out."""
+    files = {module_name(p, root): p for top in LIBRARY if (root / top).is_dir() for p in (root / top).rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {m: {r for n in runtime_imports(p, root) if (r := resolve(n)) and r != m} for m, p in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(files) + 100))
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return [c for c in found if not any(all(_within(x, (p,)) for x in c) for p in c)]
 
 
 def violations(root: Path) -> list[str]:
@@ -91,6 +195,7 @@ def violations(root: Path) -> list[str]:
             if why and line not in flagged:
                 flagged.add(line)
                 found.append(f"{rel}:{line}: imports {name}: {why}")
+    found += [f"import circle: {' -> '.join(c)}" for c in circles(root)]
     return found
 
 

@@ -33,6 +33,8 @@ PLANTED = {
     "rewards/bad.py": ("from agentrl import learner\n", "rewards/ never imports agentrl.learner"),
     "envs/bad.py": ("from agentrl.train import main\n", "components never import agentrl.train"),
     "bench/long.py": ("x = 1\n" * 401, "401 lines"),
+    "agentrl/buffer.py": ("def f():\n    from agentrl.rollout.pool import Producer\n", "imports point down: agentrl.buffer"),
+    "agentrl/newroom.py": ("from agentrl.types import Episode\n", "agentrl.newroom is in no tier"),
 }
 
 
@@ -50,3 +52,26 @@ def test_the_checker_finds_a_planted_violation(tmp_path, path):
     (tmp_path / path).write_text(text)
     found = violations(tmp_path)
     assert len(found) == 1 and found[0].startswith(path) and why in found[0], found
+
+
+def _package_tree(root: Path) -> None:
+    for package in ("agentrl", "agentrl/rollout", "rewards", "envs"):
+        (root / package).mkdir(parents=True, exist_ok=True)
+        (root / package / "__init__.py").write_text("")
+
+
+def test_the_checker_finds_an_import_circle_at_any_depth(tmp_path):
+    _package_tree(tmp_path)
+    (tmp_path / "agentrl/rollout/a.py").write_text("from agentrl.rollout.b import x\n")
+    (tmp_path / "agentrl/rollout/b.py").write_text("x = 1\n")
+    assert violations(tmp_path) == []
+    (tmp_path / "agentrl/rollout/b.py").write_text("x = 1\n\ndef f():\n    from agentrl.rollout import a\n")
+    assert violations(tmp_path) == ["import circle: agentrl.rollout.a -> agentrl.rollout.b"]
+
+
+def test_imports_under_type_checking_are_not_circles(tmp_path):
+    _package_tree(tmp_path)
+    (tmp_path / "agentrl/rollout/a.py").write_text("from agentrl.rollout.b import x\n")
+    (tmp_path / "agentrl/rollout/b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from agentrl.rollout.a import y\nx = 1\n")
+    assert violations(tmp_path) == []
