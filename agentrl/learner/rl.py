@@ -30,6 +30,7 @@ from agentrl.learner.dist import init_single_process_dist
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import local_grad_norm, rows_mask, weighted, zero_loss
+from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -326,54 +327,65 @@ class Learner:
 
     # -- checkpoints ------------------------------------------------------------------------------
 
-    def save_checkpoint(self, folder: str) -> None:
-        """Everything a resumed run needs (`agentrl.learner.state`); every rank takes part."""
-        from agentrl.learner.state import save_learner
+    def state_dict(self) -> dict:
+        """What the learner holds beside its DeepSpeed engines: counters, EMA, KL controller, reward normaliser."""
+        return {"version": self.version, "batches_seen": self.batches_seen, "unsup_drawn": self.unsup_drawn,
+                "kl_ctl": self.kl_ctl.state_dict(), "reward_moments": self.reward_moments.state_dict(),
+                "ema": None if self.ema is None else {"shadow": self.ema.state_dict(),
+                                                      "num_updates": self.ema.num_updates}}
 
-        save_learner(self, folder)
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`'s counters and statistics (extra keys, such as the saved RNG, are ignored)."""
+        if (state["ema"] is None) != (self.ema is None):
+            raise ValueError(f"the checkpoint {'has no' if state['ema'] is None else 'has an'} EMA, the config "
+                             f"asks for {'one' if self.ema is not None else 'none'} (learner.ema_decay)")
+        self.version, self.batches_seen = state["version"], state["batches_seen"]
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.reward_moments.load_state_dict(state["reward_moments"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"]["shadow"])
+            self.ema.num_updates = state["ema"]["num_updates"]
+        for _ in range(state["unsup_drawn"] - self.unsup_drawn):  # the text stream is deterministic from its seed
+            next(self.unsup_batches)
+        self.unsup_drawn = state["unsup_drawn"]
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Everything a resumed run needs (files: `agentrl.learner.state`); every rank takes part."""
+        from agentrl.learner.state import save_engines, save_state
+
+        save_engines({"actor": self.engine, "critic": self.critic}, folder)
+        if self.rank == 0:
+            save_state(self.state_dict(), folder)
 
     def load_checkpoint(self, folder: str) -> dict[str, float]:
-        """Restore a `save_checkpoint` folder; returns the restored optimizer's digest."""
-        from agentrl.learner.state import load_learner
+        """Restore a `save_checkpoint` folder into this learner, built as for a fresh run; returns the
+        restored optimizer's digest."""
+        from agentrl.learner.state import load_engines, load_state, optimizer_digest, restore_rng
 
-        return load_learner(self, folder)
+        load_engines({"actor": self.engine, "critic": self.critic}, folder)
+        state = load_state(folder)
+        try:
+            self.load_state_dict(state)
+        except ValueError as exc:
+            raise ValueError(f"{folder}: {exc}") from None
+        restore_rng(state)  # last: nothing after it draws from the RNG before the next step
+        return optimizer_digest(self.engine)
 
     # -- weights out ------------------------------------------------------------------------------
 
     def state_dict_cpu(self, clone: bool = True) -> dict[str, torch.Tensor]:
-        """Full float32 weights on CPU (gathered under ZeRO-3; LoRA merged, keyed like the base model).
-        A tied lm_head is sent as its own copy: vLLM's in-place reload keeps the old head if it is left out.
-        `clone=False` lets float32 CPU tensors alias the live parameters (one copy less for a weight
-        push that writes them out before the next step); gathered ZeRO-3 shards are always copied."""
-        import deepspeed
-
-        module = self.engine.module
-        with deepspeed.zero.GatheredParameters(list(module.parameters()), enabled=self.cfg.zero_stage == 3):
-            if self.cfg.lora.rank > 0:
-                from agentrl.learner.lora import merged_state_dict
-
-                return merged_state_dict(module)
-            copy = clone or self.cfg.zero_stage == 3
-            return {k: _cpu_float32(v, copy) for k, v in module.state_dict().items()}
+        """Full float32 weights on CPU (`weights_out.full_state_dict_cpu`); every rank takes part under ZeRO-3."""
+        return full_state_dict_cpu(self.engine.module, self.cfg.zero_stage, self.cfg.lora.rank > 0, clone)
 
     def save(self, out_dir: str, tokenizer) -> None:
         """The trained policy as a Hugging Face folder: the EMA when enabled, LoRA merged into full weights."""
-        from transformers import AutoModelForCausalLM
-
         if self.ema is not None:
             if self.rank == 0:
+                from transformers import AutoModelForCausalLM
+
                 model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
                 self.ema.save_pretrained(model, out_dir, tokenizer)
             return
         state = self.state_dict_cpu()  # every rank takes part: a ZeRO-3 gather is collective
-        if self.rank != 0:
-            return
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)  # config + template
-        model.load_state_dict(state, strict=False)
-        model.save_pretrained(out_dir, safe_serialization=True)
-        tokenizer.save_pretrained(out_dir)
-
-
-def _cpu_float32(t: torch.Tensor, copy: bool) -> torch.Tensor:
-    out = t.detach().to("cpu", torch.float32).contiguous()
-    return out.clone() if copy and out.data_ptr() == t.data_ptr() else out
+        if self.rank == 0:
+            save_hf_folder(self.model_path, state, out_dir, tokenizer)
