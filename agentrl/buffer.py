@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import get_args
+from typing import Any, get_args
 
 from agentrl.types import TRAINABLE_STATUSES, Episode, EpisodeStatus, Group
 
@@ -212,6 +212,14 @@ class StalenessBuffer:
         """(finished groups waiting, counters): with the in-flight groups' positions, what a checkpoint
         needs. The groups are not copied: a group is never changed once put."""
         return list(self._ready), {"issued": self._issued, **self._n}
+
+    def state_dict(self) -> dict[str, Any]:
+        """`snapshot` and the number of groups in flight, for a checkpoint."""
+        ready, counters = self.snapshot()
+        return {"ready": ready, "counters": counters, "in_flight": self.in_flight_groups}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.restore(state["ready"], state["counters"], state["in_flight"])
 
     def restore(self, ready: list[Group], counters: dict[str, int], in_flight: int) -> None:
         """State from `snapshot`, taken when `in_flight` groups were running. Those are not restored

@@ -8,8 +8,9 @@ a left-over temporary folder, a renamed folder without a row, or a torn last row
 
     step_N/learner/      the learner's state (`Learner.save_checkpoint`: DeepSpeed engines with their
                          optimizer and scheduler, EMA, KL controller, reward normaliser, version)
-    step_N/driver.pkl    the run's asynchronous state (`RunState`): task cursor, finished groups not
-                         yet trained, positions of groups in flight, counters, metrics step, clock
+    step_N/driver.pkl    the run's asynchronous state (`RunState`): each component's own state dict
+                         (buffer: finished groups not yet trained; producer: task cursor and positions
+                         in flight; pool: counters; stream), the step, the clock
 """
 
 from __future__ import annotations
@@ -23,14 +24,10 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from agentrl import faults
 from agentrl.types import Group
-
-if TYPE_CHECKING:
-    from agentrl.buffer import StalenessBuffer
-    from agentrl.rollout.pool import Producer, RolloutPool
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +40,18 @@ class CheckpointError(ValueError):
     """`train.resume` names something that is not a complete checkpoint."""
 
 
+class Stateful(Protocol):
+    """A component a checkpoint holds: it owns its state and puts it back into a fresh instance."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 @dataclass
 class RunState:
-    """What the driver needs to continue a run exactly where a checkpoint left it.
+    """What the driver needs to continue a run exactly where a checkpoint left it: the run's own
+    counters and each component's `state_dict()` by name (buffer, producer, pool, stream).
 
     Every task position below `cursor` is, at the instant the state was taken, exactly one of:
     trained (named in a metrics record before `step`), dropped and counted (likewise), finished and
@@ -54,15 +60,25 @@ class RunState:
 
     step: int  # learner batches trained; the resumed run continues at this step
     learner_version: int
-    cursor: int  # next new task stream position
-    in_flight: list[int]  # stream positions of admitted groups not yet finished
-    ready: list[Group]  # finished groups waiting for the learner, with their version stamps
-    buffer_counters: dict[str, int]
-    producer_counters: dict[str, int]
-    pool_counters: dict[str, Any]  # status counts, generated tokens, tool and reward-source stats
+    components: dict[str, dict[str, Any]]
     elapsed_s: float  # wall-clock seconds of the run so far (all earlier runs included)
     summary: dict[str, Any] = field(default_factory=dict)  # e.g. eval_before, kept for the final summary
     max_staleness_seen: int = 0
+
+    @property
+    def cursor(self) -> int:
+        """The next new task stream position."""
+        return self.components["producer"]["cursor"]
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Stream positions of admitted groups not yet finished."""
+        return self.components["producer"]["in_flight"]
+
+    @property
+    def ready(self) -> list[Group]:
+        """Finished groups waiting for the learner, with their version stamps."""
+        return self.components["buffer"]["ready"]
 
 
 class CheckpointStore:
@@ -138,32 +154,22 @@ class CheckpointStore:
             _remove(old)
 
 
-def capture(step: int, learner_version: int, buffer: "StalenessBuffer", producer: "Producer", pool: "RolloutPool",
-            elapsed_s: float, summary: dict[str, Any], max_staleness_seen: int) -> RunState:
+def capture(step: int, learner_version: int, components: dict[str, Stateful], elapsed_s: float,
+            summary: dict[str, Any], max_staleness_seen: int) -> RunState:
     """The run's asynchronous state at this instant. Synchronous (no await), so no group can finish,
-    and no position move, between the parts; the copies keep it fixed while it is written out."""
-    ready, counters = buffer.snapshot()
-    in_flight = producer.in_flight()
-    if len(in_flight) != buffer.in_flight_groups:
-        raise RuntimeError(f"checkpoint: the producer has {len(in_flight)} groups in flight, the buffer "
-                           f"{buffer.in_flight_groups}")
-    pool_counters = copy.deepcopy({"status_counts": pool.status_counts, "generated_tokens": pool.generated_tokens,
-                                   "tool_stats": pool.tool_stats,
-                                   "scorer_stats": None if pool.scorer is None else pool.scorer.stats})
-    return RunState(step, learner_version, producer.cursor, in_flight, ready, counters, producer.counters(),
-                    pool_counters, elapsed_s, copy.deepcopy(summary), max_staleness_seen)
+    and no position move, between the components' states; each copies what it hands over."""
+    states = {name: part.state_dict() for name, part in components.items()}
+    if "producer" in states and "buffer" in states:
+        producer, buffer = len(states["producer"]["in_flight"]), states["buffer"]["in_flight"]
+        if producer != buffer:
+            raise RuntimeError(f"checkpoint: the producer has {producer} groups in flight, the buffer {buffer}")
+    return RunState(step, learner_version, states, elapsed_s, copy.deepcopy(summary), max_staleness_seen)
 
 
-def restore(state: RunState, buffer: "StalenessBuffer", producer: "Producer", pool: "RolloutPool") -> None:
-    """Put `state` back into freshly built components (the producer built with the state's cursor
-    and in-flight positions to re-issue)."""
-    buffer.restore(state.ready, state.buffer_counters, len(state.in_flight))
-    producer.restore_counters(state.producer_counters)
-    counters = copy.deepcopy(state.pool_counters)
-    pool.status_counts, pool.generated_tokens = counters["status_counts"], counters["generated_tokens"]
-    pool.tool_stats = counters["tool_stats"]
-    if pool.scorer is not None and counters["scorer_stats"] is not None:
-        pool.scorer.stats = counters["scorer_stats"]
+def restore(state: RunState, components: dict[str, Stateful]) -> None:
+    """Put `state` back into freshly built components (before the producer runs)."""
+    for name, part in components.items():
+        part.load_state_dict(state.components[name])
 
 
 def save_run_state(folder: Path, state: RunState) -> None:

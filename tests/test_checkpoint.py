@@ -41,8 +41,9 @@ def test_task_stream_position_is_the_whole_state():
 # -- atomic writes -----------------------------------------------------------------------------------
 
 def _state(step: int) -> RunState:
-    return RunState(step=step, learner_version=step, cursor=4 * step, in_flight=[4 * step], ready=[],
-                    buffer_counters={"issued": 0}, producer_counters={}, pool_counters={}, elapsed_s=1.0)
+    return RunState(step=step, learner_version=step, elapsed_s=1.0, components={
+        "producer": {"cursor": 4 * step, "in_flight": [4 * step], "counters": {}},
+        "buffer": {"ready": [], "counters": {"issued": 0}, "in_flight": 1}})
 
 
 def _fill(step: int):
@@ -149,7 +150,6 @@ def test_every_position_is_accounted_for_once_across_a_snapshot():
 
     async def scenario():
         pool = FakePool()
-        pool.status_counts, pool.generated_tokens, pool.tool_stats, pool.scorer = {}, 0, None, None
         buffer = StalenessBuffer(batch_size=4, group_size=2, max_staleness=1)  # 2 groups a batch, 4 slots
         producer = Producer(buffer, pool, lambda p: {"id": f"task{p}"}, 2)
         task = asyncio.create_task(producer.run())
@@ -166,7 +166,7 @@ def test_every_position_is_accounted_for_once_across_a_snapshot():
         await asyncio.sleep(0.01)
         pool.release[4].set()
         await asyncio.sleep(0.01)
-        state = capture(1, 1, buffer, producer, pool, 5.0, {}, 0)
+        state = capture(1, 1, {"buffer": buffer, "producer": producer}, 5.0, {}, 0)
         assert state.cursor == 7 and state.in_flight == [3, 5, 6] and [g.group_id for g in state.ready] == [4]
         trained, dropped = {0, 2}, {1}
         assert sorted(trained | dropped | {g.group_id for g in state.ready} | set(state.in_flight)) == list(range(7))
@@ -176,11 +176,9 @@ def test_every_position_is_accounted_for_once_across_a_snapshot():
 
         # the resumed run
         pool2 = FakePool()
-        pool2.status_counts, pool2.generated_tokens, pool2.tool_stats, pool2.scorer = {}, 0, None, None
         buffer2 = StalenessBuffer(batch_size=4, group_size=2, max_staleness=1, engine_version=1)
-        producer2 = Producer(buffer2, pool2, lambda p: {"id": f"task{p}"}, 2, cursor=state.cursor,
-                             reissue=state.in_flight)
-        restore(state, buffer2, producer2, pool2)
+        producer2 = Producer(buffer2, pool2, lambda p: {"id": f"task{p}"}, 2)
+        restore(state, {"buffer": buffer2, "producer": producer2})  # each component's own state dict
         stats = buffer2.stats()
         assert stats["groups_in_buffer"] == 1 and stats["groups_in_flight"] == 0
         assert stats["groups_admitted"] == counters["groups_admitted"] - 3

@@ -8,6 +8,7 @@ Every task gets an "id" if it has none, so episodes can be traced back to it.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,6 +16,8 @@ from typing import Any, Iterator
 from agentrl.config import DataConfig
 from agentrl.data.errors import DataError
 from agentrl.env import Env
+
+log = logging.getLogger(__name__)
 
 Task = dict[str, Any]
 
@@ -85,6 +88,17 @@ class TaskStream:
             random.Random(f"{self.seed}/{epoch}").shuffle(self._order)
             self._epoch = epoch
         return self.tasks[self._order[offset]]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position p's task follows from the seed and the task count alone: the stream keeps no cursor
+        (the producer's is the run's place); these two tell whether a resumed run reads the same stream."""
+        return {"seed": self.seed, "tasks": len(self.tasks)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        now = self.state_dict()
+        if state != now:
+            log.warning("the task stream differs from the checkpoint's (%s now, %s then): resumed positions "
+                        "map to other tasks", now, state)
 
     def __iter__(self) -> Iterator[Any]:
         position = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from collections import Counter, deque
@@ -52,6 +53,26 @@ class RolloutPool:
         self.started = time.perf_counter()
         self.failures = FailureWatch.for_rollout(spec.cfg.fail_after, spec.cfg.max_concurrency)
         self._failed: asyncio.Future | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The counters a resumed run continues (copies: the pool goes on counting)."""
+        return copy.deepcopy({"status_counts": self.status_counts, "generated_tokens": self.generated_tokens,
+                              "tool_stats": self.tool_stats,
+                              "scorer_stats": None if self.scorer is None else self.scorer.stats})
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = copy.deepcopy(state)
+        self.status_counts, self.generated_tokens = state["status_counts"], state["generated_tokens"]
+        self.tool_stats = state["tool_stats"]
+        if self.scorer is not None and state["scorer_stats"] is not None:
+            self.scorer.stats = state["scorer_stats"]
+
+    def clear_counters(self) -> None:
+        """Start counting afresh (after the held-out evaluation before RL)."""
+        self.status_counts.clear()
+        self.tool_stats.clear()
+        if self.scorer is not None:
+            self.scorer.stats.clear()
 
     @property
     def failed(self) -> asyncio.Future:
@@ -208,6 +229,18 @@ class Producer:
 
     def restore_counters(self, counters: dict[str, int]) -> None:
         self.groups_finished, self.groups_filtered = counters["groups_finished"], counters["groups_filtered"]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The next new stream position, the positions in flight (re-issued on resume: an Env's state
+        cannot be saved, so those episodes restart from their task) and the counters."""
+        return {"cursor": self.cursor, "in_flight": self.in_flight(), "counters": self.counters()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Before `run`: continue from `state`'s cursor, re-issuing its in-flight positions first."""
+        if self._live or self._jobs:
+            raise RuntimeError("Producer.load_state_dict after the producer started")
+        self.cursor, self._reissue = state["cursor"], deque(state["in_flight"])
+        self.restore_counters(state["counters"])
 
     async def stop(self) -> None:
         self.buffer.close()
