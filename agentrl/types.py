@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import torch
 
+from agentrl.padding import pad_right, pad_tokens
+
 EpisodeStatus = Literal["ok", "truncated", "env_error", "timeout", "engine_error", "reward_error"]
 
 # Statuses whose episodes are valid training data: "truncated" means the episode ran out of turns or
@@ -155,20 +157,13 @@ class TrainBatch:
         rewrote history): a segment row carries its episode's reward, group and scalar advantage,
         which, if given, is broadcast to its tokens. Group baselines then count each segment as a sample."""
         owners = [(i, row) for i, e in enumerate(episodes) for row in e.rows()]
-        T = max(len(row.tokens) for _, row in owners)
-        B = len(owners)
-        ids = torch.full((B, T), pad_id, dtype=torch.long)
-        attn = torch.zeros((B, T), dtype=torch.long)
-        mask = torch.zeros((B, T))
-        mu = torch.zeros((B, T))
-        ver = torch.full((B, T), -1, dtype=torch.long)
-        for b, (_, row) in enumerate(owners):
-            n = len(row.tokens)
-            ids[b, :n] = torch.tensor(row.tokens)
-            attn[b, :n] = 1
-            mask[b, :n] = torch.tensor(row.loss_mask, dtype=torch.float)
-            mu[b, :n] = torch.tensor(row.logprobs, dtype=torch.float)
-            ver[b, :n] = torch.tensor(row.versions)
+        rows = [row for _, row in owners]
+        B = len(rows)
+        ids, attn = pad_tokens([r.tokens for r in rows], pad_id)
+        T = ids.shape[1]
+        mask = pad_right([r.loss_mask for r in rows], 0.0, torch.float32, T)
+        mu = pad_right([r.logprobs for r in rows], 0.0, torch.float32, T)
+        ver = pad_right([r.versions for r in rows], -1, torch.long, T)
         owner = torch.tensor([i for i, _ in owners], dtype=torch.long)
         adv = None if advantages_B is None else advantages_B.float()[owner].view(B, 1) * mask
         rewards = torch.tensor([episodes[i].reward for i, _ in owners], dtype=torch.float)

@@ -41,6 +41,7 @@ import torch
 
 from agentrl.algo.logprobs import last_token_hidden
 from agentrl.config import RewardModelConfig
+from agentrl.padding import pad_tokens
 from agentrl.types import Episode
 from rewards.base import RewardResult
 
@@ -293,13 +294,7 @@ class RewardModelScorer:
 
     def pad_right(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(input_ids, attention_mask), both (B, T) long, right-padded with the tokenizer's pad id."""
-        T = max(len(r) for r in rows)
-        input_ids_BT = torch.full((len(rows), T), self._pad_id, dtype=torch.long)
-        attention_mask_BT = torch.zeros((len(rows), T), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids_BT[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-            attention_mask_BT[i, : len(row)] = 1
-        return input_ids_BT, attention_mask_BT
+        return pad_tokens(rows, self._pad_id)
 
     def score_tokens(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
         """(B,) float32 scores read at each row's last attended token of right-padded rows."""

@@ -136,7 +136,7 @@ def read_texts(path: str | Path) -> list[str]:
 def lm_batches(path: str | Path, tokenizer: Any, batch_size: int, max_len: int, seed: int) -> Iterator[tuple]:
     """Endless (input_ids, attention_mask) batches of right-padded texts, reshuffled every epoch, for the
     learner's unsupervised LM loss."""
-    import torch
+    from agentrl.padding import pad_tokens  # torch: only runs with an LM loss import it
 
     rows = [tokenizer(text, add_special_tokens=False)["input_ids"][:max_len] for text in read_texts(path)]
     rows = [r for r in rows if len(r) >= 2]
@@ -146,10 +146,4 @@ def lm_batches(path: str | Path, tokenizer: Any, batch_size: int, max_len: int, 
     stream = task_stream(rows, seed)
     while True:
         batch = [next(stream) for _ in range(batch_size)]
-        T = max(len(r) for r in batch)
-        ids = torch.full((len(batch), T), pad, dtype=torch.long)
-        attn = torch.zeros((len(batch), T), dtype=torch.long)
-        for i, r in enumerate(batch):
-            ids[i, :len(r)] = torch.tensor(r)
-            attn[i, :len(r)] = 1
-        yield ids, attn
+        yield pad_tokens(batch, pad)

@@ -1,4 +1,4 @@
-"""What the stage kinds share: padding token rows into tensors, per-sequence log-probabilities of the
+"""What the stage kinds share: per-sequence log-probabilities of the
 trained tokens, and writing the trained module as a Hugging Face folder."""
 
 from __future__ import annotations
@@ -8,35 +8,18 @@ from pathlib import Path
 import torch
 
 from agentrl.algo.logprobs import token_logprobs
-
-
-def pad_rows(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask), both (B, T) long, right-padded."""
-    T = max(len(r) for r in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(rows), T), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        attn[i, :len(row)] = 1
-    return ids, attn
-
-
-def pad_masks(masks: list[list[int]], T: int) -> torch.Tensor:
-    out = torch.zeros((len(masks), T), dtype=torch.float32)
-    for i, m in enumerate(masks):
-        out[i, :len(m)] = torch.tensor(m, dtype=torch.float32)
-    return out
+from agentrl.padding import pad_right, pad_tokens
 
 
 def sequence_logprobs(engine, rows: list[list[int]], masks: list[list[int]], pad_id: int) -> torch.Tensor:
     """(B,) sum over each row's masked tokens of log p(token | tokens before it), at temperature 1:
     the sequence log-probability DPO and KTO compare between the policy and the reference."""
-    ids, attn = pad_rows(rows, pad_id)
+    ids, attn = pad_tokens(rows, pad_id)
     device = engine.device
     ids, attn = ids.to(device), attn.to(device)
     logits = engine(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
     logp_BT = token_logprobs(logits, ids, 1.0)
-    return (logp_BT * pad_masks(masks, ids.shape[1]).to(device)).sum(-1)
+    return (logp_BT * pad_right(masks, 0.0, torch.float32, ids.shape[1]).to(device)).sum(-1)
 
 
 def save_module(module: torch.nn.Module, out_dir: Path, tokenizer, zero3: bool) -> None:

@@ -19,7 +19,8 @@ from agentrl.algo.preference import bradley_terry, prm_token_loss
 from agentrl.config.stages import StageOptimConfig
 from agentrl.data.samples import PairSample, Sample
 from agentrl.learner.stage import LossOut, chunks
-from agentrl.learner.stages.common import pad_rows, save_module
+from agentrl.learner.stages.common import save_module
+from agentrl.padding import pad_tokens
 from rewards.reward_model import last_token_scores
 
 
@@ -59,7 +60,7 @@ class RewardKind:
         return chunks(samples, micro_batch_size)
 
     def scores(self, engine, micro: list) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, attn = pad_rows([p.chosen.tokens for p in micro] + [p.rejected.tokens for p in micro], self.pad_id)
+        ids, attn = pad_tokens([p.chosen.tokens for p in micro] + [p.rejected.tokens for p in micro], self.pad_id)
         module = engine.module
         # Under LoRA the peft wrapper's base model has the adapters injected in place: the scorer's pooling
         # needs the classifier's own `score` and body attributes.
@@ -102,7 +103,7 @@ class PRMKind:
 
     def step_logits(self, engine, micro: list) -> torch.Tensor:
         """(N, R) logits of the reward tokens at every step of the micro-batch, in order."""
-        ids, attn = pad_rows([s.tokens for s in micro], self.pad_id)
+        ids, attn = pad_tokens([s.tokens for s in micro], self.pad_id)
         device = engine.device
         logits = engine(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits
         rows = torch.tensor([i for i, s in enumerate(micro) for _ in s.positions], dtype=torch.long)

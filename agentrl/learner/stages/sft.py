@@ -15,7 +15,8 @@ import torch
 
 from agentrl.config.stages import StageOptimConfig
 from agentrl.learner.stage import LossOut, chunks
-from agentrl.learner.stages.common import pad_masks, pad_rows, save_module
+from agentrl.learner.stages.common import save_module
+from agentrl.padding import pad_right, pad_tokens
 
 
 def pack(samples: list, max_len: int) -> list[list]:
@@ -76,7 +77,7 @@ def packed_tensors(rows: list[list], pad_id: int) -> tuple[torch.Tensor, ...]:
     concatenated with position ids restarting at each; a row's first token of each sample has loss
     mask 0 (the previous sample's last token must not predict it)."""
     tokens = [[t for s in row for t in s.tokens] for row in rows]
-    ids, attn = pad_rows(tokens, pad_id)
+    ids, attn = pad_tokens(tokens, pad_id)
     T = ids.shape[1]
     pos = torch.zeros_like(ids)
     masks = []
@@ -89,4 +90,4 @@ def packed_tensors(rows: list[list], pad_id: int) -> tuple[torch.Tensor, ...]:
         p += list(range(T - len(p)))
         pos[i] = torch.tensor(p, dtype=torch.long)
         masks.append(m)
-    return ids, attn, pos, pad_masks(masks, T)
+    return ids, attn, pos, pad_right(masks, 0.0, torch.float32, T)
