@@ -29,7 +29,7 @@ from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import init_single_process_dist
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
-from agentrl.learner.step_parts import local_grad_norm, rows_mask, weighted, zero_loss
+from agentrl.learner.step_parts import accumulate, local_grad_norm, rows_mask, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
 
@@ -204,7 +204,8 @@ class Learner:
 
     def _actor_micro_step(self, batch: TrainBatch, rows: slice, old_logp: torch.Tensor,
                           ref_logp: torch.Tensor | None, weight: float, reuse: bool):
-        """reuse: pi_prox is this pass's own logp (`reuses_prox`), written into old_logp for the metrics."""
+        """(loss to backward, its value, metrics). reuse: pi_prox is this pass's own logp
+        (`reuses_prox`), written into old_logp for the metrics."""
         logp, entropy = self._forward_logprobs(batch, rows, with_entropy=True)
         mask = batch.loss_mask[rows].to(self.device)
         if reuse:
@@ -218,16 +219,14 @@ class Learner:
             kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl_estimator)
             loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
             metrics = {**metrics, "kl_ref": float(masked_mean(kl_BT.detach(), mask))}
-        # DeepSpeed would divide by the accumulation steps; we weight each micro-batch by its share
-        # of the mini-batch's tokens (or rows) over all ranks instead, so ragged micro-batches
-        # aggregate exactly; DeepSpeed averages gradients over ranks, which `world` undoes.
+        # Weighted by the micro-batch's share of the mini-batch's tokens (or rows) over all ranks
+        # (`step_parts.accumulate`); DeepSpeed averages gradients over ranks, which `world` undoes.
         loss = loss * weight
         if self.cfg.unsup_coef > 0:
             lm_loss = self._unsup_loss()
             loss = loss + self.cfg.unsup_coef * lm_loss / (self.micro_per_mini * self.world)
             metrics = {**metrics, "unsup_loss": float(lm_loss.detach())}
-        self.engine.backward(loss * self.world, scale_wrt_gas=False)
-        return loss.item(), metrics
+        return loss * self.world, loss.item(), metrics
 
     def _unsup_loss(self) -> torch.Tensor:
         """Next-token cross-entropy on the next batch of unsupervised text (DeepSpeed-Chat's ptx loss)."""
@@ -243,27 +242,35 @@ class Learner:
         clip = self.algo.value_clip or None
         loss, metrics = value_loss(values * mask, old_values[rows].to(self.device), batch.returns[rows].to(self.device),
                                    mask, clip=clip, agg="token_mean")
-        self.critic.backward(loss * (weight * self.world), scale_wrt_gas=False)
-        return loss.item() * weight, {**metrics, "value_mean": float(masked_mean(values.detach(), mask))}
+        return (loss * (weight * self.world), loss.item() * weight,
+                {**metrics, "value_mean": float(masked_mean(values.detach(), mask))})
 
     def _train_engine(self, engine, zero_stage: int, batch: TrainBatch, rows: range, micro_step) -> tuple[float, float, list]:
-        """One optimizer step of `engine` over `rows`: exactly `micro_per_mini` backward/step calls."""
+        """One optimizer step of `engine` over `rows`: exactly `micro_per_mini` micro-batches on every
+        rank (an empty one backs up a zero loss: ZeRO's collectives need every rank's pass)."""
         by_tokens = self.algo.agg == "token_mean" or engine is self.critic
         total = float(batch.loss_mask[rows.start:rows.stop].sum()) if by_tokens else float(len(rows))
         loss_sum, metric_rows, grad_norm = 0.0, [], float("nan")
         slices = self._micro_slices(self._share(rows))
-        for k, sl in enumerate(slices):
+
+        def micro_loss(k: int) -> torch.Tensor:
+            nonlocal loss_sum
+            sl = slices[k]
             n = float(batch.loss_mask[sl].sum()) if by_tokens else float(sl.stop - sl.start)
             if sl.stop <= sl.start or n == 0:
-                engine.backward(zero_loss(engine.module), scale_wrt_gas=False)
-            else:
-                loss_val, metrics = micro_step(sl, n / max(total, 1.0))
-                loss_sum += loss_val
-                metric_rows.append((n, metrics))
+                return zero_loss(engine.module)
+            loss, loss_val, metrics = micro_step(sl, n / max(total, 1.0))
+            loss_sum += loss_val
+            metric_rows.append((n, metrics))
+            return loss
+
+        def after_backward(k: int) -> None:
+            nonlocal grad_norm
             faults.reached("learner_step")  # gradients taken, weights not yet updated
             if k == len(slices) - 1 and zero_stage == 0:
                 grad_norm = local_grad_norm(engine.module)  # DeepSpeed records it only for ZeRO >= 1
-            engine.step()
+
+        accumulate(engine, len(slices), micro_loss, after_backward)
         if zero_stage > 0:
             grad_norm = float(engine.get_global_grad_norm() or float("nan"))
         return loss_sum, grad_norm, metric_rows

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import torch
 from agentrl.config.stages import StageConfig, StageOptimConfig
+from agentrl.learner.step_parts import accumulate
 
 log = logging.getLogger(__name__)
 
@@ -196,17 +197,19 @@ def run_stage(kind: StageKind, cfg: StageConfig, model_path: str, train: list, h
         passes = int(_all_reduce([float(len(micros))], "max")[0])
         micros += [(kind.micro_batches(batch[:1], 1)[0], 0.0)] * (passes - len(micros))
         loss, sums, count = 0.0, {}, 0
-        for i, (micro, weight) in enumerate(micros):
-            # The boundary is set by hand: the number of passes changes from step to step with packing.
-            engine.set_gradient_accumulation_boundary(i == len(micros) - 1)
+        lr = engine.get_lr()[0]  # the rate this step applies (the schedule advances in step())
+
+        def micro_loss(i: int) -> torch.Tensor:
+            nonlocal loss, count
+            micro, weight = micros[i]
             out = kind.loss(engine, micro)
-            engine.backward(out.loss_sum * weight, scale_wrt_gas=False)
             if weight:
                 loss, count = loss + float(out.loss_sum.detach()), count + out.count
                 for key, value in out.sums.items():
                     sums[key] = sums.get(key, 0.0) + value
-        lr = engine.get_lr()[0]  # the rate this step applies (the schedule advances in step())
-        engine.step()
+            return out.loss_sum * weight
+
+        accumulate(engine, len(micros), micro_loss)
         record = {"step": step, "lr": lr, "samples": len(batch), "units": units,
                   **{f"train/{k}": v for k, v in _reduce(loss, units, sums, count, "").items()},
                   "step_s": time.perf_counter() - t0, "elapsed_s": time.perf_counter() - started}

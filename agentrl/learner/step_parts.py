@@ -1,9 +1,30 @@
-"""Small pieces of a learner step: the local gradient norm, an empty micro-step's loss, the mask of a
-rank's rows, and how per-micro-batch (or per-rank) metrics combine."""
+"""Small pieces of a learner step: gradient accumulation (the one routine the RL learner and the
+stages share), the local gradient norm, an empty micro-step's loss, the mask of a rank's rows, and how
+per-micro-batch (or per-rank) metrics combine."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+
+
+def accumulate(engine, n_micro: int, micro_loss: Callable[[int], torch.Tensor],
+               after_backward: Callable[[int], None] | None = None) -> None:
+    """One optimizer step of a DeepSpeed engine over `n_micro` micro-batches, `micro_loss(i)` each
+    (the forward runs after the previous backward, so one micro-batch's graph is alive at a time).
+
+    Each loss comes already weighted by its micro-batch's share of the step's loss units over all
+    ranks, times the rank count (DeepSpeed averages gradients over ranks), so ragged micro-batches
+    and ranks sum exactly: DeepSpeed's own division by its accumulation count is off. The boundary is
+    set by hand on the last micro-batch because the count can change from step to step (packing,
+    a short last batch)."""
+    for i in range(n_micro):
+        engine.set_gradient_accumulation_boundary(i == n_micro - 1)
+        engine.backward(micro_loss(i), scale_wrt_gas=False)
+        if after_backward is not None:
+            after_backward(i)
+    engine.step()
 
 
 def local_grad_norm(module: torch.nn.Module) -> float:
