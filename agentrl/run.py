@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from agentrl.buffer import BatchAssembly, StalenessBuffer
 from agentrl.checkpoint import CheckpointStore, RunState, capture, load_run_state, restore, save_run_state
@@ -36,6 +36,12 @@ from agentrl.rollout.pool import Producer, RolloutPool, score_episodes, unless_f
 from agentrl.startup import (Prepared, load_model_format, start_agent_server, start_workers, stop_agent_server,
                              stop_workers)
 from agentrl.types import TrainBatch
+
+if TYPE_CHECKING:
+    from agentrl.learner.ray_ranks import RayLearner
+    from agentrl.learner.rl import Learner
+    from agentrl.learner.weight_sync import EngineWeightSync
+    from agentrl.rollout.fleet import EngineFleet
 
 log = logging.getLogger("agentrl")
 
@@ -78,9 +84,9 @@ class RLRun:
         self.cfg, self.prep = cfg, prep
         self.t_start = time.perf_counter()  # this process's part of the run starts now
         self._stack = contextlib.AsyncExitStack()
-        self.fleet: Any = None  # EngineFleet
-        self.learner: Any = None  # Learner or RayLearner
-        self.sync: Any = None  # EngineWeightSync
+        self.fleet: EngineFleet | None = None
+        self.learner: Union[Learner, RayLearner, None] = None  # one rank here, or K Ray actors
+        self.sync: EngineWeightSync | None = None
         self.pool: RolloutPool | None = None
         self.stream: TaskStream | None = None
         self.buffer: StalenessBuffer | None = None

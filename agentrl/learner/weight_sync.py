@@ -8,7 +8,7 @@ transports (`weight_sync.transport`):
 - file: the learner writes its weights once as a safetensors file under /dev/shm (a RAM-backed
   filesystem) and the engine's worker reads that file by name, so only a path crosses the RPC. The
   pickled-bytes path it replaced cost 16 s per push for a 538 MB model, nearly all of it in the RPC
-  transport (DESIGN.md); this one costs a memory copy on each side plus vLLM's `reload_weights`.
+  transport (measured when it was replaced); this one costs a memory copy on each side plus vLLM's `reload_weights`.
 
 Pushes are ordered (version n+1 never overtakes n) and run in the background so the learner can
 start its next step at once; a push that misses its deadline or fails is reported in `PushResult`,
