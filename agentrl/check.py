@@ -132,7 +132,7 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
     from agentrl.learner.models import frozen_engine
     from agentrl.rollout.episode import EpisodeSpec, run_episode
     from agentrl.rollout.fleet import EngineFleet
-    from agentrl.tools import aclose_shared
+    from agentrl.tool_client import aclose_shared
     from rewards.sources import RewardCombiner
 
     async def one(i: int, task: dict) -> tuple[Episode, list | None]:

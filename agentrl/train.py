@@ -207,7 +207,7 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
     """Build every stage, evaluate, train, evaluate, save; returns the summary."""
     from agentrl.learner.models import frozen_engine
     from agentrl.rollout.episode import EpisodeSpec
-    from agentrl.tools import aclose_shared
+    from agentrl.tool_client import aclose_shared
     from rewards.sources import RewardCombiner
 
     t_start = time.perf_counter()

@@ -16,7 +16,8 @@ from agentrl.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.rollout.engine import Generation
 from agentrl.env import Action, Env, to_messages
-from agentrl.tools import get_tool_parser, record_tool_turn
+from agentrl.rollout.tool_counts import record_tool_turn
+from agentrl.tool_formats import get_tool_parser
 from agentrl.tracebacks import describe
 from agentrl.types import Episode, Turn
 

@@ -21,7 +21,7 @@ from agentrl.algo import informative_groups
 from agentrl.buffer import BufferClosed, StalenessBuffer
 from agentrl.rollout.episode import EpisodeSpec, GenerateFn, run_episode
 from agentrl.rollout.failures import FailureWatch
-from agentrl.tools import ToolCallStats
+from agentrl.rollout.tool_counts import ToolCallStats
 from agentrl.types import TRAINABLE_STATUSES, Episode, Group
 
 log = logging.getLogger(__name__)
