@@ -133,7 +133,7 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
     from agentrl.rollout.episode_base import EpisodeSpec
     from agentrl.rollout.runner import episode_runner
     from agentrl.rollout.fleet import EngineFleet
-    from agentrl.tools import aclose_shared
+    from agentrl.tool_client import aclose_shared
     from rewards.sources import RewardCombiner
 
     async def one(i: int, task: dict) -> tuple[Episode, list | None]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from agentrl import faults
+from agentrl.files import read_jsonl
 from agentrl.types import Group
 
 log = logging.getLogger(__name__)
@@ -92,15 +93,9 @@ class CheckpointStore:
         path = self.root / MANIFEST
         if not path.is_file():
             return []
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a row cut off by a kill: that checkpoint never completed
-                continue
-            if isinstance(row, dict) and isinstance(row.get("step"), int):
-                rows.append(row)
-        return rows
+        # tolerant: a row cut off by a kill is skipped (that checkpoint never completed)
+        return [row for _, row in read_jsonl(path, strict=False)
+                if isinstance(row, dict) and isinstance(row.get("step"), int)]
 
     def complete(self) -> list[Path]:
         """Complete checkpoints still on disk, oldest first."""

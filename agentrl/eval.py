@@ -121,7 +121,7 @@ async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
     from agentrl.learner.models import frozen_engine
     from agentrl.rollout.episode import EpisodeSpec
     from agentrl.rollout.pool import RolloutPool
-    from agentrl.tools import aclose_shared
+    from agentrl.tool_client import aclose_shared
     from rewards.sources import RewardCombiner
 
     t_start = time.perf_counter()

@@ -1,10 +1,74 @@
-"""Writing a file so that a kill leaves either the old file or the new one, never a mix."""
+"""Files a kill may interrupt: writing one so that a kill leaves either the old file or the new one,
+never a mix (`atomic_write`), and the one JSON-lines reader (`read_jsonl`, strict or tolerant of the
+torn last line a killed writer leaves) with its one error, `JsonlError` ("path:line: what is wrong")."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
+
+
+class JsonlError(ValueError):
+    """A line of a JSON-lines file that cannot be read: `path:line: problem (detail)`, e.g.
+    "a.jsonl:3: not valid JSON (Expecting value at column 7)". Readers whose messages name their
+    config key re-word it from the fields."""
+
+    def __init__(self, path: str | Path, line: int, problem: str, detail: str) -> None:
+        self.path, self.line, self.problem, self.detail = str(path), line, problem, detail
+        super().__init__(f"{path}:{line}: {self.what}")
+
+    @property
+    def what(self) -> str:
+        return f"{self.problem} ({self.detail})"
+
+
+@dataclass(frozen=True)
+class JsonlLine:
+    """One line of a JSON-lines file as stored, and what it holds."""
+
+    number: int  # 1-based
+    raw: bytes  # the bytes stored, its newline included (a torn last line has none)
+    value: Any = None  # the parsed JSON; None on a blank or bad line
+    problem: str | None = None  # why the line is not JSON ("not UTF-8 text", "not valid JSON"); None if it is
+    detail: str = ""  # where and how: "byte 4", "Expecting value at column 7"
+
+    @property
+    def blank(self) -> bool:
+        return not self.raw.strip()
+
+
+def jsonl_lines(path: str | Path) -> Iterator[JsonlLine]:
+    """Every line of a JSON-lines file, blank and bad ones included. Lines end at "\n" only: a JSON
+    string may hold U+2028, where `str.splitlines` would cut a row in two (a "\r" is JSON whitespace)."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                yield JsonlLine(number, raw)
+                continue
+            try:
+                # without its line end, so a JSON error's column counts on this line, not the next
+                yield JsonlLine(number, raw, json.loads(raw.rstrip(b"\r\n").decode("utf-8")))
+            except UnicodeDecodeError as exc:
+                yield JsonlLine(number, raw, problem="not UTF-8 text", detail=f"byte {exc.start}")
+            except json.JSONDecodeError as exc:
+                yield JsonlLine(number, raw, problem="not valid JSON", detail=f"{exc.msg} at column {exc.colno}")
+
+
+def read_jsonl(path: str | Path, *, strict: bool = True) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of every non-blank line, in file order; what each value must be (an
+    object, with which keys) is the caller's to check. `strict`: a line that is not UTF-8 JSON raises
+    JsonlError naming the file and line; tolerant (`strict=False`): such a line is skipped, for files
+    a killed writer may have left with a torn line. A missing file raises OSError as `open` does."""
+    for line in jsonl_lines(path):
+        if line.problem is not None:
+            if strict:
+                raise JsonlError(path, line.number, line.problem, line.detail)
+        elif not line.blank:
+            yield line.number, line.value
 
 
 def atomic_write(path: str | Path, data: bytes | str) -> None:
@@ -31,23 +95,18 @@ def restart_jsonl_at(path: str | Path, start_step: int) -> int:
     it; a resumed run keeps the rows of earlier steps (those past its checkpoint are redone and would
     otherwise appear twice) and drops a torn last line a killed writer can leave. Rows are kept byte
     for byte and the rewrite is atomic. Returns the rows dropped."""
-    import json
-
     path = Path(path)
     if start_step <= 0 or not path.exists():
         path.write_bytes(b"")
         return 0
     kept: list[bytes] = []
     dropped = 0
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                step = json.loads(line)["step"] if line.endswith(b"\n") else None  # no newline: torn
-            except (ValueError, KeyError, TypeError):
-                step = None
-            if isinstance(step, int) and step < start_step:
-                kept.append(line)
-            else:
-                dropped += 1
+    for line in jsonl_lines(path):
+        value = line.value if line.raw.endswith(b"\n") else None  # no newline: torn
+        step = value.get("step") if isinstance(value, dict) else None
+        if isinstance(step, int) and step < start_step:
+            kept.append(line.raw)
+        else:
+            dropped += 1
     atomic_write(path, b"".join(kept))
     return dropped

@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from agentrl.files import atomic_write, restart_jsonl_at
+from agentrl.files import atomic_write, read_jsonl, restart_jsonl_at
 from agentrl.plot import plot_run
 from agentrl.stdio import route_library_output
 from agentrl.trackers import flat_scalars, make_trackers
@@ -62,15 +62,9 @@ def _clean(value: Any) -> Any:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl, in file order, without the torn line a killed writer can leave."""
-    records = []
-    for line in Path(path).read_text().splitlines() if Path(path).exists() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    if not Path(path).exists():
+        return []
+    return [record for _, record in read_jsonl(path, strict=False) if isinstance(record, dict)]
 
 
 def _num(record: dict[str, Any], key: str, spec: str) -> str:

@@ -109,7 +109,7 @@ class RLRun:
     async def setup(self) -> None:
         from agentrl.learner.models import frozen_engine
         from agentrl.rollout.episode_base import EpisodeSpec
-        from agentrl.tools import aclose_shared
+        from agentrl.tool_client import aclose_shared
         from rewards.sources import RewardCombiner
 
         cfg, prep = self.cfg, self.prep

@@ -33,7 +33,7 @@ async def serve(cfg, ready: asyncio.Event | None = None, stop: asyncio.Event | N
     from agentrl.rollout.fleet import EngineFleet
     from agentrl.rollout.openai_server import OpenAIServer
     from agentrl.rollout.session import Limits
-    from agentrl.tools import get_tool_parser
+    from agentrl.tool_formats import get_tool_format
 
     model_path, _, fmt = await load_model_format(cfg)
     log.info("model %s: starting vLLM", model_path)
@@ -47,7 +47,7 @@ async def serve(cfg, ready: asyncio.Event | None = None, stop: asyncio.Event | N
         await fleet.start()
         # Requests choose their own sampling here; the per-request cap is the whole context.
         limits = Limits(cfg.engine.max_model_len, cfg.engine.max_model_len, 1_000_000)
-        server = OpenAIServer(fmt, cfg.server, get_tool_parser(cfg.rollout.tool_parser), limits, engine=fleet)
+        server = OpenAIServer(fmt, cfg.server, get_tool_format(cfg.rollout.tool_parser), limits, engine=fleet)
         await server.start()
         print(f"serving {model_path} as {cfg.server.model_name!r} at {server.url}/v1", flush=True)
         if ready is not None:

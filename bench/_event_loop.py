@@ -75,7 +75,7 @@ async def per_await_us(make, repeats: int = 2000) -> float:
 
 async def step_breakdown(fmt, reply_ids: list[int]) -> list[list[str]]:
     """The Python work run_episode does per env step, each piece timed on its own (µs per call)."""
-    from agentrl.tools import get_tool_parser
+    from agentrl.tool_formats import get_tool_parser
     from agentrl.types import Episode
 
     text = fmt.tokenizer.decode(reply_ids)

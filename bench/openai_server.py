@@ -274,12 +274,12 @@ async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.default_model import build_tokenizer
     from agentrl.rollout.openai_server import OpenAIServer
     from agentrl.rollout.session import Limits
-    from agentrl.tools import get_tool_parser
+    from agentrl.tool_formats import get_tool_format
     from agentrl.types import Episode
 
     fmt = ChatFormat(build_tokenizer(DefaultModelConfig(), tempfile.mkdtemp()))
     engine = MarkerEngine(fmt)
-    server = OpenAIServer(fmt, ServerConfig(), get_tool_parser("hermes"), Limits(4096, 64, args.turns + 1))
+    server = OpenAIServer(fmt, ServerConfig(), get_tool_format("hermes"), Limits(4096, 64, args.turns + 1))
     await server.start()
     sessions = [server.open_session(engine, Episode(f"s{i}", i)) for i in range(args.sessions)]
     progress(f"server on {server.url}, {len(sessions)} sessions open; starting the client process")

@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ROOT, median, progress, resolve_model, run_uvloop, table
+from agentrl.files import read_jsonl
 
 ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
 # Both runs use the shipped off-policy defaults (decoupled PPO, truncated IS, algo.trust_region=clip).
@@ -101,7 +102,7 @@ def train_run(model: str, staleness: int, seed: int, steps: int, eval_every: int
 
 
 def load_run(out: Path) -> dict:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = [row for _, row in read_jsonl(out / "metrics.jsonl")]
     return {"summary": json.loads((out / "summary.json").read_text()), "records": records}
 
 

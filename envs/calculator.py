@@ -2,7 +2,7 @@
 
 The numbers are large enough that a model should call the tool rather than guess. The env
 discovers the tool server's specs at reset (once per URL: episodes share one client), declares them as `tools`, runs the
-model's calls through `agentrl.tools.RemoteToolClient` and shows each result as a
+model's calls through `agentrl.tool_client.RemoteToolClient` and shows each result as a
 `{"role": "tool"}` message cut to `result_token_budget` tokens. The episode ends when the model
 replies with a number and no tool call (reward 1.0 if it is the answer, by
 `rewards.rules.numeric_match`, else 0.0), or after `max_turns`.
@@ -32,7 +32,8 @@ import uuid
 from typing import Any
 
 from agentrl.env import Action, Env, Message, StepResult, ToolCall
-from agentrl.tools import RemoteToolClient, RemoteToolError, shared_client, truncate_to_tokens
+from agentrl.token_budget import truncate_to_tokens
+from agentrl.tool_client import RemoteToolClient, RemoteToolError, shared_client
 from rewards.rules import last_number, numeric_match
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}

@@ -1,7 +1,7 @@
 """The layout's rules, checked by walking every import (also those inside functions):
 
   * `agentrl/config` imports nothing of the project but itself, `agentrl.types`, and the leaf registries
-    `agentrl.algo` and `agentrl.tools` (names checked by validators); never `rewards`, `envs`, rollout,
+    `agentrl.algo` and `agentrl.tool_formats` (names checked by validators); never `rewards`, `envs`, rollout,
     the learner, DeepSpeed or vLLM;
   * `agentrl/algo` imports only torch and the standard library;
   * `agentrl/rollout` imports neither DeepSpeed nor `agentrl.learner`;
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 MAX_LINES = 400
-CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl.tools")
+CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl.tool_formats")
 PROJECT = ("agentrl", "rewards", "envs", "examples", "bench", "tests")
 LIBRARY = ("agentrl", "envs", "rewards")  # what the tier and circle rules cover
 
@@ -36,7 +36,7 @@ TIERS: tuple[tuple[str, ...], ...] = (
     ("agentrl.config",),  # the validated tree
     ("agentrl.http_common", "agentrl.chat", "agentrl.trackers", "agentrl.collective", "agentrl.buffer",
      "agentrl.learning_signal", "agentrl.metrics"),
-    ("agentrl.tools", "agentrl.tool_client"),
+    ("agentrl.tool_client", "agentrl.token_budget"),
     ("agentrl.env", "agentrl.data"),
     ("rewards", "envs", "agentrl.rollout"),  # the components a run is made of
     ("agentrl.learner",),

@@ -21,7 +21,7 @@ from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.pool import RolloutPool
 from agentrl.rollout.responses_protocol import chat_tools, input_messages
 from agentrl.rollout.session import Limits
-from agentrl.tools import get_tool_parser
+from agentrl.tool_formats import get_tool_format
 from agentrl.types import TrainBatch
 
 from agents.models.openai_provider import OpenAIProvider
@@ -58,7 +58,7 @@ def test_the_agents_sdk_default_agent_serves_and_trains_on_a_real_engine(model_d
         engine = Engine.start(model_dir, EngineConfig(max_num_seqs=8, max_model_len=512), fmt.eos_id)
         try:
             # Standing alone, as agentrl.serve builds it: requests choose their sampling.
-            server = OpenAIServer(fmt, ServerConfig(port=0), get_tool_parser("hermes"), Limits(512, 512, 10**6),
+            server = OpenAIServer(fmt, ServerConfig(port=0), get_tool_format("hermes"), Limits(512, 512, 10**6),
                                   engine=engine)
             await server.start()
             try:

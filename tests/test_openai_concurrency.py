@@ -19,7 +19,7 @@ from agentrl.chat import ChatFormat, ledger_from_messages
 from agentrl.config import ServerConfig
 from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.session import Limits
-from agentrl.tools import get_tool_parser
+from agentrl.tool_formats import get_tool_format
 from agentrl.types import Episode
 from tests.fake_engine import ScriptedEngine
 
@@ -96,7 +96,7 @@ async def close_all(http: aiohttp.ClientSession, server: OpenAIServer, sessions)
 
 async def scenario(fmt: ChatFormat) -> None:
     engine = YieldingEngine(fmt.tokenizer)
-    server = OpenAIServer(fmt, ServerConfig(), get_tool_parser("hermes"), Limits(2048, 32, TURNS))
+    server = OpenAIServer(fmt, ServerConfig(), get_tool_format("hermes"), Limits(2048, 32, TURNS))
     await server.start()
     try:
         sessions = [server.open_session(engine, Episode(f"s{i}", i)) for i in range(SESSIONS)]

@@ -17,7 +17,7 @@ from agentrl.chat import ChatFormat, ledger_from_messages
 from agentrl.config import ServerConfig
 from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.session import Limits
-from agentrl.tools import get_tool_parser
+from agentrl.tool_formats import get_tool_format
 from agentrl.types import Episode, TrainBatch
 from tests.fake_engine import Reply, ScriptedEngine
 
@@ -32,7 +32,7 @@ QUESTION = {"role": "user", "content": "What is 437 * 89?"}
 async def served(tokenizer, script, limits: Limits | None = None, **server):
     fmt = ChatFormat(tokenizer)
     engine = ScriptedEngine(tokenizer, script)
-    srv = OpenAIServer(fmt, ServerConfig(**server), get_tool_parser("hermes"), limits or Limits(512, 200, 8),
+    srv = OpenAIServer(fmt, ServerConfig(**server), get_tool_format("hermes"), limits or Limits(512, 200, 8),
                        engine=engine)
     await srv.start()
     try:

@@ -25,16 +25,18 @@ from pydantic import ValidationError
 from agentrl.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, StepResult
-from agentrl.tools import RemoteToolClient, RemoteToolError, ToolResult, aclose_shared, truncate_to_tokens
+from agentrl.token_budget import truncate_to_tokens
+from agentrl.tool_client import RemoteToolClient, RemoteToolError, ToolResult, aclose_shared
 from agentrl.rollout.episode import EpisodeSpec, run_episode
 from agentrl.rollout.pool import RolloutPool
-from agentrl.tools import TOOL_PARSERS, ToolCall, ToolCallStats, get_tool_parser, register_tool_parser
+from agentrl.rollout.tool_counts import ToolCallStats
+from agentrl.tool_formats import TOOL_FORMATS, ToolCall, get_tool_parser, register_tool_parser
 from envs.calculator import CalculatorEnv
 from rewards.servers import serve
 from rewards.servers.tools import TOOL_SPECS, make_app
 
 Behaviour = Callable[[web.Request], Awaitable[web.StreamResponse]]
-hermes = TOOL_PARSERS["hermes"]
+hermes = TOOL_FORMATS["hermes"].parse
 
 
 def tool_call(name: str, **arguments: Any) -> str:
@@ -68,13 +70,13 @@ def test_hermes_malformed_and_unterminated_are_errors_not_exceptions(text, calls
 
 def test_none_parser_and_lookup_errors():
     assert get_tool_parser("none")(tool_call("a")) == ([], None)
-    assert get_tool_parser("agentrl.tools:hermes") is hermes  # module:name imports the module first
-    with pytest.raises(ValueError, match=r"tool parser 'qwen9' is not one of \['hermes', 'none'"):
+    assert get_tool_parser("agentrl.tool_formats:hermes") is hermes  # module:name imports the module first
+    with pytest.raises(ValueError, match=r"tool parser 'qwen9' is not one of \['hermes', 'mistral', 'none'"):
         get_tool_parser("qwen9")
     with pytest.raises(ValueError, match="cannot import tool parser module 'no_such_mod'"):
         get_tool_parser("no_such_mod:x")
     with pytest.raises(ValueError, match="already registered"):
-        register_tool_parser("hermes")(hermes)
+        register_tool_parser("hermes", render=lambda calls: "", start_marker=None)(hermes)
     with pytest.raises(ValidationError, match="tool parser 'qwen9' is not one of"):
         RolloutConfig(tool_parser="qwen9")
 
@@ -83,7 +85,7 @@ def test_none_parser_and_lookup_errors():
 def bracket_parser():
     """A custom format, `CALL name(json)`, registered for one test."""
 
-    @register_tool_parser("test_bracket")
+    @register_tool_parser("test_bracket", render=lambda calls: "", start_marker="CALL ")
     def parse(text: str) -> tuple[list[ToolCall], str | None]:
         if not text.startswith("CALL "):
             return [], None
@@ -94,7 +96,7 @@ def bracket_parser():
             return [], f"bad CALL: {exc}"
 
     yield "test_bracket"
-    del TOOL_PARSERS["test_bracket"]
+    del TOOL_FORMATS["test_bracket"]
 
 
 class RecordingEnv(Env):
@@ -368,7 +370,7 @@ def test_tool_server_down_is_env_error_not_reward_zero(tiny_tokenizer):
         port = s.getsockname()[1]
     ep, _ = play(tiny_tokenizer, [CALL, "3293"], url=f"http://127.0.0.1:{port}")
     assert ep.status == "env_error" and not ep.trainable
-    assert ep.error.startswith("agentrl.tools.RemoteToolError: tool discovery at")
+    assert ep.error.startswith("agentrl.tool_client.RemoteToolError: tool discovery at")
     assert "connect" in ep.error.lower()
 
 

@@ -15,7 +15,7 @@ from fake_engine import ScriptedEngine
 from agentrl.chat import ChatFormat, ledger_from_messages
 from agentrl.config import DefaultModelConfig, RolloutConfig
 from agentrl.default_model import _key, build_tokenizer, demo_source
-from agentrl.tools import aclose_shared
+from agentrl.tool_client import aclose_shared
 from agentrl.metrics import print_summary
 from agentrl.rollout.episode import EpisodeSpec
 from agentrl.rollout.pool import EvalResult, RolloutPool, score_episodes

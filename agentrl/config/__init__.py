@@ -1,6 +1,6 @@
 """One validated config tree (`schema`, `sources`) and its loader (`load`): YAML, dotted overrides,
 unknown keys named with the nearest valid one; `help` lists every key for the CLIs' `--help`. Imports nothing of the project but registry names
-from the leaf modules `agentrl.algo` and `agentrl.tools` (inside validators)."""
+from the leaf modules `agentrl.algo` and `agentrl.tool_formats` (inside validators)."""
 
 from agentrl.config.load import ConfigError, apply_override, build_config, load_config
 from agentrl.config.schema import (AlgoConfig, BufferConfig, ClusterConfig, Config, CriticConfig, DataConfig, DefaultModelConfig,

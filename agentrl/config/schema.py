@@ -2,7 +2,7 @@
 
 Reward sources are a typed union in `agentrl.config.sources`. Registry names (advantage estimators,
 policy losses, tool parsers) are checked against the registries of `agentrl.algo` and
-`agentrl.tools`, imported inside the validators: both are leaves that import nothing of the project
+`agentrl.tool_formats`, imported inside the validators: both are leaves that import nothing of the project
 above them. Loading YAML and the nearest-key errors are in `agentrl.config.load`.
 """
 
@@ -111,15 +111,16 @@ class RolloutConfig(_Base):
                             "this many episodes in a row fail (env_error, timeout, engine_error, reward_error) with "
                             "none finishing; at least max_concurrency + 1 count, since one engine death fails every "
                             "episode in flight on it; 0 = never")
-    tool_parser: str = Field("hermes", description="name in agentrl.tools.TOOL_PARSERS that reads tool calls "
-                                                   "from a model turn; 'pkg.module:name' imports pkg.module first")
+    tool_parser: str = Field("hermes", description="the model's tool-call format, a name in agentrl.tool_formats."
+                             "TOOL_FORMATS: rollout and the OpenAI endpoint parse, render and cut tool calls with "
+                             "it; 'pkg.module:name' imports pkg.module first")
 
     @field_validator("tool_parser")
     @classmethod
     def _known_parser(cls, name: str) -> str:
-        from agentrl.tools import get_tool_parser
+        from agentrl.tool_formats import get_tool_format
 
-        get_tool_parser(name)  # ValueError naming the registered parsers
+        get_tool_format(name)  # ValueError naming the registered parsers
         return name
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from agentrl.data.errors import DataError
+from agentrl.files import JsonlError, read_jsonl
 
 SUPPORTED = ".jsonl, .json, .parquet, or a folder saved with datasets' save_to_disk"
 
@@ -86,15 +87,10 @@ def _text(path: Path, key: str) -> str:
 
 
 def _jsonl(path: Path, key: str) -> list[tuple[str, Any]]:
-    out = []
-    for lineno, line in enumerate(_text(path, key).splitlines(), 1):
-        if line.strip():
-            try:
-                out.append((f"{path} line {lineno}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{key}: {path} line {lineno}: not valid JSON ({exc.msg} at column "
-                                f"{exc.colno})") from None
-    return out
+    try:
+        return [(f"{path} line {number}", value) for number, value in read_jsonl(path)]
+    except JsonlError as exc:
+        raise DataError(f"{key}: {path} line {exc.line}: {exc.what}") from None
 
 
 def _json(path: Path, key: str) -> list[tuple[str, Any]]:

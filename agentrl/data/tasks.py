@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 from agentrl.config import DataConfig
 from agentrl.data.errors import DataError
+from agentrl.files import JsonlError, read_jsonl
 from agentrl.env import Env
 
 log = logging.getLogger(__name__)
@@ -35,14 +36,10 @@ def read_tasks(path: str | Path, split: str, key: str = "data.train_path") -> li
     if not path.is_file():
         raise DataError(f"{key}: task file {path} does not exist")
     if path.suffix == ".jsonl":
-        tasks = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    tasks.append(_row(json.loads(line), f"{key}: {path} line {lineno}"))
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{key}: {path} line {lineno}: not valid JSON ({exc.msg} at column "
-                                    f"{exc.colno})") from None
+        try:
+            tasks = [_row(value, f"{key}: {path} line {number}") for number, value in read_jsonl(path)]
+        except JsonlError as exc:
+            raise DataError(f"{key}: {path} line {exc.line}: {exc.what}") from None
     elif path.suffix == ".json":
         try:
             rows = json.loads(path.read_text())
@@ -117,16 +114,15 @@ def read_texts(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"text file {path} does not exist")
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
     if path.suffix == ".jsonl":
-        texts = []
-        for lineno, line in enumerate(lines, 1):
-            row = json.loads(line)
+        lines = []
+        for number, row in read_jsonl(path):  # JsonlError (a ValueError) names file and line
             if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"{path}:{lineno}: expected an object with a string 'text' field")
-            texts.append(row["text"])
-        lines = texts
-    elif path.suffix != ".txt":
+                raise ValueError(f"{path}:{number}: expected an object with a string 'text' field")
+            lines.append(row["text"])
+    elif path.suffix == ".txt":
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+    else:
         raise ValueError(f"{path}: text files must be .txt or .jsonl")
     if not lines:
         raise ValueError(f"{path}: no texts")

@@ -26,12 +26,12 @@ from agentrl.types import Episode
 def make_server(spec: Any, engine: Any, server_cfg: Any) -> Any:
     """The endpoint for `spec`'s agent episodes (not yet started); `engine` serves out-of-session requests."""
     from agentrl.rollout.openai_server import OpenAIServer
-    from agentrl.tools import get_tool_parser
+    from agentrl.tool_formats import get_tool_format
 
     cfg = spec.cfg
     limits = Limits(spec.max_model_len, cfg.max_tokens_per_turn, cfg.max_turns, cfg.temperature, cfg.top_p,
                     cfg.turn_timeout_s)
-    return OpenAIServer(spec.fmt, server_cfg, get_tool_parser(cfg.tool_parser), limits, engine)
+    return OpenAIServer(spec.fmt, server_cfg, get_tool_format(cfg.tool_parser), limits, engine)
 
 
 def _take_result(ep: Episode, result: Any) -> None:

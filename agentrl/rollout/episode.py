@@ -15,7 +15,8 @@ from typing import Any
 from agentrl.env import Action, Env, to_messages
 from agentrl.rollout.episode_base import EpisodeSpec  # noqa: F401 (re-exported: where users build one)
 from agentrl.rollout.episode_base import EngineFailure, GenerateFn, finish_episode, new_episode
-from agentrl.tools import get_tool_parser, record_tool_turn
+from agentrl.rollout.tool_counts import record_tool_turn
+from agentrl.tool_formats import get_tool_parser
 from agentrl.tracebacks import describe
 from agentrl.types import Episode, Turn
 

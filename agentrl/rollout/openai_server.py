@@ -38,7 +38,7 @@ from agentrl.rollout import openai_protocol as proto
 from agentrl.rollout import responses_protocol as resp
 from agentrl.rollout.openai_protocol import ProtocolError
 from agentrl.rollout.session import Limits, Reply, Session
-from agentrl.tools import ToolParser
+from agentrl.tool_formats import ToolFormat
 from agentrl.types import Episode
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,13 @@ def _error(exc: ProtocolError) -> web.Response:
 
 class OpenAIServer:
     """Start with `await server.start()`, end with `await server.stop()`. `engine`: the GenerateFn
-    that serves requests made outside a session and sessions opened over HTTP (an Engine or a fleet)."""
+    that serves requests made outside a session and sessions opened over HTTP (an Engine or a fleet).
+    `tool_format`: the model's tool-call format (`rollout.tool_parser`), which every session parses,
+    renders and cuts tool calls with."""
 
-    def __init__(self, fmt: ChatFormat, cfg: ServerConfig, parser: ToolParser, limits: Limits,
+    def __init__(self, fmt: ChatFormat, cfg: ServerConfig, tool_format: ToolFormat, limits: Limits,
                  engine: Any = None) -> None:
-        self.fmt, self.cfg, self.parser, self.limits, self.engine = fmt, cfg, parser, limits, engine
+        self.fmt, self.cfg, self.tool_format, self.limits, self.engine = fmt, cfg, tool_format, limits, engine
         self.sessions: dict[str, Session] = {}
         self.counters: Counter[str] = Counter(segments_split=0, sampling_overridden=0, max_tokens_capped=0)
         self._runner: web.AppRunner | None = None
@@ -117,7 +119,8 @@ class OpenAIServer:
             raise ProtocolError(f"{len(self.sessions)} sessions are open (server.max_sessions)", None, 429,
                                 "too_many_sessions")
         sid = uuid.uuid4().hex
-        session = Session(sid, self.fmt, engine, episode, limits or self.limits, self.parser, self.counters)
+        session = Session(sid, self.fmt, engine, episode, limits or self.limits, self.tool_format,
+                          self.counters)
         session.base_url = f"{self.url}/sessions/{sid}/v1"
         self.sessions[sid] = session
         self.counters["sessions"] += 1
@@ -202,7 +205,7 @@ class OpenAIServer:
         if self.engine is None:
             raise ProtocolError("requests outside a session are not served here; use the session's base URL",
                                 None, 404, "session_not_found")
-        return Session("", self.fmt, self.engine, Episode(task_id="", group_id=-1), self.limits, self.parser,
+        return Session("", self.fmt, self.engine, Episode(task_id="", group_id=-1), self.limits, self.tool_format,
                        self.counters)
 
     async def _samples(self, req: Any, mode: str) -> list[Reply]:

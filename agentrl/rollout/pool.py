@@ -23,7 +23,7 @@ from agentrl.buffer import BufferClosed, StalenessBuffer
 from agentrl.rollout.episode_base import EpisodeSpec, GenerateFn
 from agentrl.rollout.failures import FailureWatch
 from agentrl.rollout.runner import episode_runner
-from agentrl.tools import ToolCallStats
+from agentrl.rollout.tool_counts import ToolCallStats
 from agentrl.types import TRAINABLE_STATUSES, Episode, Group
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.data import DataError
-from agentrl.files import restart_jsonl_at
+from agentrl.files import JsonlError, read_jsonl, restart_jsonl_at
 from agentrl.types import Episode, Group, Segment, Turn
 
 log = logging.getLogger(__name__)
@@ -80,25 +80,24 @@ def episode_from_record(d: dict[str, Any]) -> Episode:
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Every record of a rollouts file; a DataError names the file and line of a bad one."""
+    records = []
     try:
-        text = Path(path).read_text()
+        for number, record in read_jsonl(path):
+            _check_record(path, number, record)
+            records.append(record)
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
-    records = []
-    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 may sit inside a string
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: not a JSON record ({exc.msg} at column {exc.colno})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{number}: a record must be a JSON object, got {type(record).__name__}")
-        missing = [k for k in REQUIRED if k not in record]
-        if missing:
-            raise DataError(f"{path}:{number}: record has no {missing[0]!r} key")
-        records.append(record)
+    except JsonlError as exc:
+        raise DataError(f"{path}:{exc.line}: not a JSON record ({exc.detail})") from None
     return records
+
+
+def _check_record(path: str | os.PathLike, number: int, record: Any) -> None:
+    if not isinstance(record, dict):
+        raise DataError(f"{path}:{number}: a record must be a JSON object, got {type(record).__name__}")
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise DataError(f"{path}:{number}: record has no {missing[0]!r} key")
 
 
 class RolloutWriter:

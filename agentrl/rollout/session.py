@@ -28,7 +28,8 @@ from jinja2 import TemplateError
 from agentrl.chat import ChatFormat
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.openai_protocol import ChatRequest, CompletionRequest, ProtocolError, Sampling
-from agentrl.tools import ToolParser, record_tool_turn
+from agentrl.rollout.tool_counts import record_tool_turn
+from agentrl.tool_formats import ToolCall, ToolFormat
 from agentrl.types import Episode, Turn
 
 Message = dict[str, Any]
@@ -98,15 +99,11 @@ def message_key(m: Message) -> tuple:
         (c["name"], json.dumps(c["arguments"], sort_keys=True)) for c in calls)
 
 
-def _hermes_call(name: str, args: dict[str, Any]) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
-
-
 class Session:
     def __init__(self, sid: str, fmt: ChatFormat, engine: Any, episode: Episode, limits: Limits,
-                 parser: ToolParser, counters: Counter) -> None:
+                 tool_format: ToolFormat, counters: Counter) -> None:
         self.sid, self.fmt, self.engine, self.ep, self.limits = sid, fmt, engine, episode, limits
-        self.parser, self.counters = parser, counters
+        self.tool_format, self.counters = tool_format, counters  # the model's tool-call format (rollout.tool_parser)
         self.base_url = ""  # set by the server: <url>/sessions/<sid>/v1
         self.seed: int | None = None  # the episode's seed: requests without one sample with seed*1000 + turn
         self.mode: str | None = None  # "chat" | "text", once the ledger holds a prompt
@@ -130,8 +127,8 @@ class Session:
         out = {"role": m["role"], "content": m.get("content") or ""}
         if m["role"] == "assistant":
             raw = self.raw.get(key)
-            out["content"] = raw if raw is not None else out["content"] + "".join(
-                _hermes_call(c["name"], c["arguments"]) for c in m.get("tool_calls", []))
+            out["content"] = raw if raw is not None else out["content"] + self.tool_format.render(
+                [ToolCall(c["name"], c["arguments"]) for c in m.get("tool_calls", [])])
         name = m.get("name") or self.call_names.get(m.get("tool_call_id") or "")
         if m["role"] == "tool" and name:
             out["name"] = name
@@ -285,10 +282,10 @@ class Session:
         text = self.fmt.tokenizer.decode(body)
         if any(s in text for s in stop):
             return None
-        cut = text.find("<tool_call>")
-        text = text if cut < 0 else text[:cut]
+        start = self.tool_format.start_marker
+        text = self.tool_format.cut(text)
         hold = 0
-        for marker in [*stop, "<tool_call>"]:
+        for marker in [*stop, *([start] if start else [])]:
             for k in range(min(len(marker) - 1, len(text)), 0, -1):
                 if text.endswith(marker[:k]):
                     hold = max(hold, k)
@@ -338,12 +335,11 @@ class Session:
         return reply
 
     def _record_reply(self, reply: Reply) -> None:
-        calls, error = self.parser(reply.text)
+        calls, error = self.tool_format.parse(reply.text)
         record_tool_turn(self.ep.info, calls, error)
         if calls and error is None:
             reply.tool_calls = [(f"call_{uuid.uuid4().hex[:24]}", c.name, c.arguments) for c in calls]
-            cut = reply.text.find("<tool_call>")
-            before = reply.text if cut < 0 else reply.text[:cut]
+            before = self.tool_format.cut(reply.text)
             reply.content = before if before.strip() else None
             reply.finish_reason = "tool_calls"
             self.call_names.update({cid: name for cid, name, _ in reply.tool_calls})
