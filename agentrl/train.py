@@ -124,7 +124,7 @@ async def train_loop(lp: Loop) -> dict[str, Any]:
     window = {"tokens": pool.generated_tokens, "time": time.perf_counter()}
     elapsed_before = state.elapsed_s if state else 0.0
     max_stale_seen = state.max_staleness_seen if state else 0
-    signal = SignalWatch(cfg.algo.advantage)
+    signal = SignalWatch(cfg.algo.advantage.type)
     try:
         for step in range(state.step if state else 0, cfg.train.steps):
             assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed)

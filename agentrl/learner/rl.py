@@ -86,13 +86,13 @@ class Learner:
                                      self.micro_per_mini, bf16, optimizer_steps)
         self.device = self.engine.device
         self.reference = None
-        if algo.kl_coef > 0:
+        if algo.has_kl:
             from transformers import AutoModelForCausalLM
 
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
             self.reference = eval_engine(ref, cfg, cfg.micro_batch_size, cfg.reference_offload)
         self.critic = None
-        if algo.advantage == "gae":
+        if algo.advantage.type == "gae":
             if critic is None or critic_path is None:
                 raise ValueError("algo.advantage 'gae' needs a critic (critic config and critic_path)")
             self.critic_cfg = critic
@@ -100,7 +100,9 @@ class Learner:
                                          self.micro_per_mini, bf16, optimizer_steps)
         self.ema = ModelEMA(self.engine.module, cfg.ema_decay, zero3=cfg.zero_stage == 3) if cfg.ema_decay else None
         self.unsup_batches = unsup_batches
-        self.kl_ctl = make_kl_controller(algo.kl_controller, algo.kl_coef, algo.kl_target, algo.kl_horizon)
+        ctl = algo.kl.controller if algo.has_kl else None  # no KL term: weight 0, kept for the checkpoint's state
+        self.kl_ctl = make_kl_controller(ctl.type if ctl else "fixed", algo.kl.coef if ctl else 0.0,
+                                         getattr(ctl, "target", None), getattr(ctl, "horizon", None))
         self.reward_moments = RunningMoments()
         self.loss_cfg = PolicyLossConfig.from_settings(algo)
         self.loss_fn = POLICY_LOSSES[algo.policy_loss]
@@ -182,14 +184,15 @@ class Learner:
             kl_BT = torch.where(mask > 0, old_logp - ref_logp, 0.0)
             seq_kl = float(kl_BT.sum(-1).mean())
             metrics.update(kl_seq_k1=seq_kl, kl_coef=self.kl_ctl.value)
-            if algo.kl_mode == "reward":
+            if algo.kl.type == "reward":
                 token_rewards, _ = kl_penalized_token_rewards(rewards, old_logp, ref_logp, mask, self.kl_ctl.value)
-                if algo.advantage != "gae":  # scalar estimators see the episode's total shaped reward
+                if algo.advantage.type != "gae":  # scalar estimators see the episode's total shaped reward
                     rewards = token_rewards.sum(-1)
             self.kl_ctl.update(seq_kl, batch.size)
-        out = ADVANTAGES[algo.advantage](AdvantageInputs(
+        out = ADVANTAGES[algo.advantage.type](AdvantageInputs(
             rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask, values_BT=values,
-            token_rewards_BT=token_rewards, gamma=algo.gamma, lam=algo.lam))
+            token_rewards_BT=token_rewards,
+            gamma=getattr(algo.advantage, "gamma", 1.0), lam=getattr(algo.advantage, "lam", 1.0)))  # gae's only
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         return metrics
 
@@ -213,8 +216,8 @@ class Learner:
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
             advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy)
         loss, metrics = self.loss_fn(inputs, self.loss_cfg)
-        if ref_logp is not None and self.algo.kl_mode == "loss":
-            kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl_estimator)
+        if ref_logp is not None and self.algo.kl.type == "loss":
+            kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl.estimator)
             loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
             metrics = {**metrics, "kl_ref": float(masked_mean(kl_BT.detach(), mask))}
         # DeepSpeed would divide by the accumulation steps; we weight each micro-batch by its share
@@ -239,7 +242,7 @@ class Learner:
     def _critic_micro_step(self, batch: TrainBatch, rows: slice, old_values: torch.Tensor, weight: float):
         values = self._forward_values(batch, rows)
         mask = batch.loss_mask[rows].to(self.device)
-        clip = self.algo.value_clip or None
+        clip = self.algo.advantage.value_clip or None  # the critic exists only with gae
         loss, metrics = value_loss(values * mask, old_values[rows].to(self.device), batch.returns[rows].to(self.device),
                                    mask, clip=clip, agg="token_mean")
         self.critic.backward(loss * (weight * self.world), scale_wrt_gas=False)
@@ -315,8 +318,8 @@ class Learner:
             if start == 0:  # pi_prox before any update (reused: from the first step's pass, this rank's rows)
                 seen = batch.loss_mask * rows_mask(batch.size, self._share(rows) if reuse else range(batch.size))
                 buckets = staleness_buckets(old_logp, batch.behav_logprobs, seen, self.version - 1 - batch.versions,
-                                            self.algo.correction, self.algo.correction_level,
-                                            self.algo.is_low, self.algo.is_high)
+                                            self.loss_cfg.correction, self.loss_cfg.correction_level,
+                                            self.loss_cfg.is_low, self.loss_cfg.is_high)
             results.append(StepMetrics(
                 loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
