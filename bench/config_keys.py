@@ -20,7 +20,7 @@ from agentrl.config.sources import SOURCE_TYPES
 from agentrl.config.stages import StageConfig
 
 try:  # typed sub-configs (agentrl.config.algo); older trees have none
-    from agentrl.config.load import variants
+    from agentrl.config.variants import variants
 except ImportError:  # pragma: no cover - the tree before typed sub-configs
     def variants(ann):  # type: ignore[no-redef]
         return []

@@ -111,3 +111,12 @@ def test_policy_loss_settings_flatten_the_sub_configs():
     assert PolicyLossConfig.from_settings(a) == PolicyLossConfig(0.2, 0.2, 2.5, "mask", "sequence", 0.4, 1.7,
                                                                 "token_mean", 1.0, 0.0, "clip", 0.04)
     assert PolicyLossConfig.from_settings(algo("algo.correction=none")).correction == "none"
+
+
+def test_python_callers_get_the_same_answers():
+    with pytest.raises(ValueError, match="config key 'algo.advantage.gamma' belongs to algo.advantage type gae, "
+                                         "not to type grpo"):
+        AlgoConfig(advantage={"type": "grpo", "gamma": 0.9})
+    with pytest.raises(ValueError, match="'algo.kl.controller.target' belongs to algo.kl.controller type adaptive"):
+        AlgoConfig(kl={"type": "loss", "coef": 0.1, "controller": {"type": "fixed", "target": 3}})
+    assert AlgoConfig(advantage="gae", kl={"type": "reward", "coef": 0.1}).has_kl

@@ -21,7 +21,8 @@ from pydantic.fields import FieldInfo
 
 from agentrl.config import SOURCE_TYPES, Config
 from agentrl.config.help import WIDTH, default_text, description
-from agentrl.config.load import all_keys, nested_model, variants
+from agentrl.config.load import all_keys, nested_model
+from agentrl.config.variants import variants
 from agentrl.config.stages import STAGES, StageConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -213,13 +213,17 @@ class AlgoConfig(_Base):
 
     @model_validator(mode="before")
     @classmethod
-    def _moved(cls, data: Any) -> Any:
-        # Python callers (AlgoConfig(kl_coef=...)) get the loader's one-line answer too.
-        if isinstance(data, dict):
-            for key in data:
-                msg = moved_error(f"algo.{key}")
-                if msg:
-                    raise ValueError(msg)
+    def _moved_or_misplaced(cls, data: Any) -> Any:
+        # Python callers (AlgoConfig(kl_coef=...)) get the loader's one-line answers too.
+        from agentrl.config.variants import misplaced, variants
+
+        for key, value in data.items() if isinstance(data, dict) else ():
+            field = cls.model_fields.get(key)
+            members = variants(field.annotation) if field is not None else []
+            msg = moved_error(f"algo.{key}") or (misplaced(short_form(value), members, f"algo.{key}")
+                                                 if members else None)
+            if msg:
+                raise ValueError(msg)
         return data
 
     @field_validator("advantage", "kl", "correction", mode="before")

@@ -25,7 +25,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from agentrl.config.load import is_source_list, nested_model, type_names, variants
+from agentrl.config.load import is_source_list, nested_model
+from agentrl.config.variants import type_names, variants
 from agentrl.config.sources import SOURCE_TYPES
 
 WIDTH = 100  # columns of the terminal the list is laid out for

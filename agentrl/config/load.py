@@ -12,54 +12,19 @@ from __future__ import annotations
 import difflib
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, Tag, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agentrl.config.algo import moved_error
+from agentrl.config.variants import member_for, misplaced, type_names, variants, variant_tags
 from agentrl.config.schema import Config
 from agentrl.config.sources import SOURCE_TYPES, RewardsConfig
 
 
 class ConfigError(ValueError):
     """A config that cannot be used; the one-line message says which file, line or key and why."""
-
-
-def _union_parts(ann: Any) -> list[Any]:
-    # Through Union and Annotated only: a list of a union (rewards.sources) is not a sub-config.
-    if typing.get_origin(ann) in (typing.Union, typing.Annotated) or type(ann).__name__ == "UnionType":
-        return [part for arg in typing.get_args(ann) for part in _union_parts(arg)]
-    return [ann]
-
-
-def variants(ann: Any) -> list[type[BaseModel]]:
-    """The members of a typed sub-config (a union of models told apart by `type`, like algo.kl), else []."""
-    members = [m for m in _union_parts(ann) if isinstance(m, type) and issubclass(m, BaseModel)
-               and "type" in m.model_fields]
-    return members if len(members) > 1 else []
-
-
-def type_names(member: type[BaseModel]) -> list[str]:
-    """The `type` values a member answers to; an open one (any name of a registry) lists its `registered()`."""
-    ann = member.model_fields["type"].annotation
-    if typing.get_origin(ann) is Literal:
-        return list(typing.get_args(ann))
-    return member.registered() if hasattr(member, "registered") else []
-
-
-def member_for(members: list[type[BaseModel]], kind: Any) -> type[BaseModel] | None:
-    """The member whose `type` is `kind`: a Literal that holds it, else the open member (if any)."""
-    for member in members:
-        if kind in type_names(member):
-            return member
-    return next((m for m in members if typing.get_origin(m.model_fields["type"].annotation) is not Literal), None)
-
-
-def _tags(ann: Any) -> set[str]:
-    """What pydantic puts in an error location after a typed sub-config's name: its members' tags."""
-    found = {str(p.tag) for p in _union_parts(ann) if isinstance(p, Tag)}
-    return found | {str(t) for m in variants(ann) for t in type_names(m)}
 
 
 def nested_model(ann: Any) -> type[BaseModel] | None:
@@ -140,11 +105,9 @@ def _check_variant(value: Any, members: list[type[BaseModel]], place: str, root:
     if member is None:
         given = "has no type" if kind is None else f"type {kind!r} is not one of them"
         raise ConfigError(f"'{place}' needs a type: {' | '.join(names)}; {given}")
-    for key in value:
-        owners = [" or ".join(type_names(m)) for m in members if key in m.model_fields]
-        if key not in member.model_fields and owners:
-            raise ConfigError(f"config key '{place}.{key}' belongs to {place} type {' / '.join(owners)}, "
-                              f"not to type {kind}")
+    problem = misplaced(value, members, place)
+    if problem:
+        raise ConfigError(problem)
     _check_keys(value, member, place + ".", root)
 
 
@@ -200,7 +163,7 @@ def _variant_tags(model: type[BaseModel]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for name, field in model.model_fields.items():
         if variants(field.annotation):
-            out.setdefault(name, set()).update(_tags(field.annotation))
+            out.setdefault(name, set()).update(variant_tags(field.annotation))
         for sub in [nested_model(field.annotation), *variants(field.annotation)]:
             for key, tags in (_variant_tags(sub) if sub is not None else {}).items():
                 out.setdefault(key, set()).update(tags)
