@@ -277,3 +277,14 @@ def test_weight_transport_is_validated_with_the_valid_values_named():
     assert build_config({}).weight_sync.transport == "auto"
     with pytest.raises(ConfigError, match="auto.*collective.*file"):
         build_config({"weight_sync": {"transport": "nccl"}})
+
+
+def test_stage_configs_carry_no_toy_model_keys():
+    from agentrl.config.stages import StageConfig
+
+    assert list(StageConfig.model_fields["model"].annotation.model_fields) == ["path"]
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.default.seed=1"], StageConfig)
+    assert str(err.value).startswith("model.default moved: use model.path (a folder of `python -m agentrl.models "
+                                     "prepare default")
+    assert load_config(None, ["model.default.seed=1"]).model.default.seed == 1  # the RL tree keeps them

@@ -36,9 +36,9 @@ MOVED_KEYS = {
 DUAL_CLIP_LOSSES = ("ppo_clip", "gspo")
 
 
-def moved_error(dotted: str) -> str | None:
-    """The one-line error for a key of the old flat layout, else None."""
-    new = MOVED_KEYS.get(dotted)
+def moved_error(dotted: str, table: dict[str, str] = MOVED_KEYS) -> str | None:
+    """The one-line error for a key of an old layout (`table`: old dotted key -> new place), else None."""
+    new = table.get(dotted)
     return f"{dotted} moved: use {new}" if new else None
 
 

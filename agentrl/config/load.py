@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from agentrl.config.algo import moved_error
+from agentrl.config.algo import MOVED_KEYS, moved_error
 from agentrl.config.variants import member_for, misplaced, type_names, variants, variant_tags
 from agentrl.config.schema import Config
 from agentrl.config.sources import SOURCE_TYPES, RewardsConfig
@@ -119,7 +119,8 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "", root: type[
         return
     for key, value in data.items():
         field = model.model_fields.get(str(key))
-        moved = moved_error(prefix + str(key)) if field is None else None
+        # the root names its own old keys (the stage tree's model.default); the RL tree's are algo's
+        moved = moved_error(prefix + str(key), getattr(root, "moved_keys", MOVED_KEYS)) if field is None else None
         if moved:
             raise ConfigError(moved)
         if field is None:

@@ -9,7 +9,7 @@ bare leaf names as `--input_key value`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -17,6 +17,12 @@ from agentrl.config.schema import OptimConfig
 from agentrl.config.sources import _Strict as _Base
 
 STAGES = ("sft", "rm", "prm", "dpo", "kto")
+
+# Keys the stage tree had and no longer has (one-line "moved" errors; see agentrl.config.load).
+STAGE_MOVED_KEYS = {
+    "model.default": "model.path (a folder of `python -m agentrl.models prepare default [key=value ...]`; a stage "
+                     "with model.path unset starts from the default model with its default settings)",
+}
 
 
 class StageModelConfig(_Base):
@@ -129,6 +135,7 @@ class PRMConfig(_Base):
 class StageConfig(_Base):
     """One supervised or preference stage."""
 
+    moved_keys: ClassVar[dict[str, str]] = STAGE_MOVED_KEYS
     model: StageModelConfig = Field(default_factory=StageModelConfig, description="the starting model")
     data: StageDataConfig = Field(default_factory=StageDataConfig, description="datasets and tokenisation")
     optim: StageOptimConfig = Field(default_factory=StageOptimConfig, description="DeepSpeed engine and batches")
