@@ -120,3 +120,16 @@ def test_python_callers_get_the_same_answers():
     with pytest.raises(ValueError, match="'algo.kl.controller.target' belongs to algo.kl.controller type adaptive"):
         AlgoConfig(kl={"type": "loss", "coef": 0.1, "controller": {"type": "fixed", "target": 3}})
     assert AlgoConfig(advantage="gae", kl={"type": "reward", "coef": 0.1}).has_kl
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["algo.advantage=gae", "algo.kl={type: loss, coef: 0.1, controller: adaptive}", "algo.correction=mask"],
+    ["algo.advantage=rloo", "algo.kl={type: reward, coef: 0.1}", "algo.correction=none", "algo.trust_region=m2",
+     "algo.m2_tau=0.1"],
+])
+def test_a_written_out_config_loads_back(overrides):
+    # train's summary.json holds cfg.model_dump(): every key, only the chosen types' keys in a sub-config
+    from agentrl.config import build_config
+
+    cfg = load_config(None, overrides)
+    assert build_config(cfg.model_dump()) == cfg

@@ -242,7 +242,8 @@ class AlgoConfig(_Base):
         if self.dual_clip is not None and self.policy_loss in ("cispo",):
             raise ValueError(f"algo.dual_clip applies only with algo.policy_loss {' or '.join(DUAL_CLIP_LOSSES)} "
                              f"(the clipped surrogate), not {self.policy_loss}")
-        if "m2_tau" in given and self.trust_region != "m2":
+        # A value other than the default: a written-out config (train's summary.json) holds every key.
+        if "m2_tau" in given and self.trust_region != "m2" and self.m2_tau != type(self).model_fields["m2_tau"].default:
             raise ValueError(f"algo.m2_tau applies only with algo.trust_region m2, not {self.trust_region}")
         return self
 
