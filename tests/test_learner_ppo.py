@@ -44,7 +44,8 @@ def actor_weights(lrn) -> dict[str, torch.Tensor]:
 
 
 def test_gae_uses_the_critic_and_the_critic_fits_the_returns(tiny_model):
-    lrn = learner(tiny_model, AlgoConfig(advantage={"type": "gae", "gamma": 1.0, "lam": 1.0, "value_clip": 0.0}), CriticConfig(lr=3e-3))
+    lrn = learner(tiny_model, AlgoConfig(advantage={"type": "gae", "gamma": 1.0, "lam": 1.0, "value_clip": 0.0}),
+                  CriticConfig(lr=3e-3))
     batch = make_batch()
     (m,) = lrn.step(batch)
     # The value head starts at 0, so with gamma = lam = 1 every generated token's advantage is the

@@ -47,7 +47,7 @@ class StepMetrics:
 
 
 class Learner:
-    """The actor engine, plus the frozen reference (kl_coef > 0), the critic (advantage 'gae'), an EMA
+    """The actor engine, plus the frozen reference (a KL term: algo.kl), the critic (advantage 'gae'), an EMA
     of the actor (ema_decay > 0) and the unsupervised LM loss (unsup_coef > 0), as configured."""
 
     def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, temperature: float,
