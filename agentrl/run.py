@@ -225,7 +225,7 @@ class RLRun:
         fleet = self.fleet
         producer_task = asyncio.create_task(producer.run())
         window = {"tokens": pool.generated_tokens, "time": time.perf_counter()}
-        signal = SignalWatch(cfg.algo.advantage)
+        signal = SignalWatch(cfg.algo.advantage.type)
         pad_id = self.tokenizer.pad_token_id
         try:
             for step in range(self.step, cfg.train.steps):

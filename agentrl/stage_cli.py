@@ -134,13 +134,15 @@ def run(stage: str, cfg: StageConfig, show: bool = True) -> dict[str, Any]:
     """Run one stage from a validated config; returns its summary (also written to out_dir/summary.json)."""
     from agentrl.chat import ChatFormat, load_tokenizer
     from agentrl.learner.stage import run_stage
-    from agentrl.startup import check_model_path, resolve_model
+    from agentrl.config import DefaultModelConfig
+    from agentrl.models import resolve_path
+    from agentrl.startup import check_model_path
 
     if cfg.model.path is not None:
         check_model_path(cfg.model.path)
     if not cfg.data.paths:
         raise ConfigError("data.paths is empty: give at least one dataset (--dataset FILE)")
-    model_path = resolve_model(cfg)
+    model_path = resolve_path(cfg.model.path, DefaultModelConfig())  # unset: the default model, as built by default
     tokenizer = load_tokenizer(model_path)
     try:
         fmt = ChatFormat(tokenizer)

@@ -47,7 +47,7 @@ def build_learner(cfg: Config, model_path: str, tokenizer):
     if cfg.learner.unsup_coef > 0:
         unsup = lm_batches(cfg.learner.unsup_data, tokenizer, cfg.learner.unsup_batch_size,
                            cfg.engine.max_model_len, cfg.train.seed)
-    critic_path = critic_init_path(cfg, model_path) if cfg.algo.advantage == "gae" else None
+    critic_path = critic_init_path(cfg, model_path) if cfg.algo.advantage.type == "gae" else None
     return Learner(model_path, cfg.learner, cfg.algo, cfg.rollout.temperature, cfg.buffer.batch_size,
                    critic=cfg.critic, critic_path=critic_path, total_steps=cfg.train.steps, unsup_batches=unsup,
                    top_p=cfg.rollout.top_p)

@@ -2,8 +2,8 @@
 the same step budget, three ways of handling behaviour/proximal mismatch:
 
   (a) none             bypass mode, no importance weight: vLLM's mu is the PPO "old" policy
-  (b) decoupled + TIS  learner-recomputed pi_prox, token weight pi_prox / mu truncated at is_high
-  (c) decoupled + seq  pi_prox, sequence-level weight (geometric mean) masked outside [is_low, is_high]
+  (b) decoupled + TIS  learner-recomputed pi_prox, token weight pi_prox / mu truncated at algo.correction.high
+  (c) decoupled + seq  pi_prox, sequence-level weight (geometric mean) masked outside [algo.correction.low, .high]
 
 Each (config, seed) is one `python -m agentrl.train` run, one after another (never concurrently:
 the machine's cores are the measurement). Prints the held-out eval score before and after RL per
@@ -25,9 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
     "(a) no correction": ["algo.mode=bypass", "algo.correction=none"],
-    "(b) decoupled + TIS": ["algo.mode=decoupled", "algo.correction=tis", "algo.correction_level=token"],
-    "(c) decoupled + sequence mask": ["algo.mode=decoupled", "algo.correction=mask",
-                                      "algo.correction_level=sequence"],
+    "(b) decoupled + TIS": ["algo.mode=decoupled", "algo.correction={type: tis, level: token}"],
+    "(c) decoupled + sequence mask": ["algo.mode=decoupled", "algo.correction={type: mask, level: sequence}"],
 }
 
 

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 CONFIGS = {
-    "zero0-fp32-kl": dict(zero_stage=0, dtype="float32", algo=dict(kl_coef=0.1)),
-    "zero3-fp32-kl": dict(zero_stage=3, dtype="float32", algo=dict(kl_coef=0.1)),
+    "zero0-fp32-kl": dict(zero_stage=0, dtype="float32", algo=dict(kl={"type": "loss", "coef": 0.1})),
+    "zero3-fp32-kl": dict(zero_stage=3, dtype="float32", algo=dict(kl={"type": "loss", "coef": 0.1})),
     "zero2-bf16-gae": dict(zero_stage=2, dtype="bfloat16", algo=dict(advantage="gae", mode="bypass")),
 }
 COMPARED = ("zero0-fp32-kl", "zero3-fp32-kl")
@@ -66,7 +66,7 @@ def make_learner(model: str, name: str):
     spec = CONFIGS[name]
     algo = AlgoConfig(**spec["algo"])
     cfg = LearnerConfig(lr=5e-3, zero_stage=spec["zero_stage"], dtype=spec["dtype"], micro_batch_size=2)
-    critic = CriticConfig(zero_stage=spec["zero_stage"]) if algo.advantage == "gae" else None
+    critic = CriticConfig(zero_stage=spec["zero_stage"]) if algo.advantage.type == "gae" else None
     return Learner(model, cfg, algo, 1.0, 8, critic=critic, critic_path=model if critic else None)
 
 

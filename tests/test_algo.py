@@ -24,9 +24,19 @@ from agentrl.config import AlgoConfig
 F64 = torch.float64
 
 
-def loss_cfg(**kw) -> PolicyLossConfig:
-    """Loss settings as the learner makes them: the config tree's defaults, overridden by `kw`."""
-    return PolicyLossConfig.from_settings(AlgoConfig(**kw))
+def loss_cfg(correction: str = "tis", correction_level: str = "token", is_low: float = 0.5, is_high: float = 2.0,
+             **kw) -> PolicyLossConfig:
+    """Loss settings as the learner makes them: the config tree's defaults, overridden by `kw`. The
+    correction's flat settings go into `algo.correction` where its type has them; m2_tau only with m2
+    (a setting the chosen type lacks is unread by the loss, and the config tree rejects it)."""
+    corr = {"type": correction}
+    if correction != "none":
+        corr.update(level=correction_level, high=is_high)
+    if correction == "mask":
+        corr["low"] = is_low
+    if kw.get("trust_region", "clip") != "m2":
+        kw.pop("m2_tau", None)
+    return PolicyLossConfig.from_settings(AlgoConfig(correction=corr, **kw))
 
 
 def t(x, dtype=torch.float32):
@@ -415,8 +425,9 @@ def test_entropy_bonus_and_bypass():
         POLICY_LOSSES["ppo_clip"](inp, loss_cfg(entropy_coef=0.1))
 
 
-@pytest.mark.parametrize("kw", [dict(correction="x"), dict(correction_level="batch"), dict(agg="sum"),
-                                dict(dual_clip=1.0), dict(is_low=1.5), dict(is_high=0.9), dict(clip_low=-0.1),
+@pytest.mark.parametrize("kw", [dict(correction="x"), dict(correction={"type": "tis", "level": "batch"}),
+                                dict(agg="sum"), dict(dual_clip=1.0), dict(correction={"type": "mask", "low": 1.5}),
+                                dict(correction={"type": "tis", "high": 0.9}), dict(clip_low=-0.1),
                                 dict(constant_norm=0.0)])
 def test_config_validation(kw):
     # The loss settings are checked once, in the config tree, before a PolicyLossConfig is made.
@@ -425,8 +436,9 @@ def test_config_validation(kw):
 
 
 def test_policy_loss_config_reads_every_field_from_the_config_tree():
-    algo = AlgoConfig(clip_low=0.1, clip_high=0.3, dual_clip=2.5, correction="mask", correction_level="sequence",
-                      is_low=0.4, is_high=1.7, agg="constant", constant_norm=5.0, entropy_coef=0.02,
+    algo = AlgoConfig(clip_low=0.1, clip_high=0.3, dual_clip=2.5,
+                      correction={"type": "mask", "level": "sequence", "low": 0.4, "high": 1.7},
+                      agg="constant", constant_norm=5.0, entropy_coef=0.02,
                       trust_region="m2", m2_tau=0.07)
     assert PolicyLossConfig.from_settings(algo) == PolicyLossConfig(0.1, 0.3, 2.5, "mask", "sequence", 0.4, 1.7,
                                                                     "constant", 5.0, 0.02, "m2", 0.07)

@@ -229,7 +229,8 @@ def test_resumed_learner_takes_the_same_next_step(tmp_path, tiny_model, zero_sta
 
     cfg = LearnerConfig(lr=1e-3, micro_batch_size=2, zero_stage=zero_stage, scheduler="linear", warmup_steps=4,
                         ema_decay=0.5)
-    algo = AlgoConfig(kl_coef=0.1, kl_controller="adaptive", kl_target=0.01, kl_horizon=10, reward_norm=True)
+    algo = AlgoConfig(kl={"type": "loss", "coef": 0.1, "controller": {"type": "adaptive", "target": 0.01, "horizon": 10}},
+                      reward_norm=True)
 
     def build():
         return Learner(tiny_model, cfg, algo, 1.0, 4, total_steps=6)

@@ -34,7 +34,7 @@ def test_defaults_validate_and_have_documented_values():
     assert cfg.buffer.batch_size == 64
     assert cfg.buffer.batch_size % cfg.rollout.n_samples == 0
     assert cfg.buffer.max_staleness == 1
-    assert cfg.algo.advantage == "grpo"
+    assert cfg.algo.advantage.type == "grpo" and cfg.algo.kl.type == "none" and cfg.algo.correction.type == "tis"
     assert cfg.learner.zero_stage == 0
     assert cfg.model.path is None
 
@@ -233,7 +233,7 @@ def test_unknown_advantage_lists_valid_names():
     with pytest.raises(ConfigError) as err:
         load_config(None, ["algo.advantage=grpoo"])
     msg = str(err.value)
-    assert "algo.advantage='grpoo' is not one of" in msg
+    assert "algo.advantage.type='grpoo' is not one of" in msg
     assert str(sorted(ADVANTAGES)) in msg
     assert {"gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"} <= set(ADVANTAGES)
 
@@ -245,7 +245,7 @@ def test_unknown_policy_loss_errors():
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_every_registered_advantage_is_accepted(name):
-    assert load_config(None, [f"algo.advantage={name}"]).algo.advantage == name
+    assert load_config(None, [f"algo.advantage={name}"]).algo.advantage.type == name
 
 
 # ---------------------------------------------------------------- the CLI fails fast
@@ -277,3 +277,14 @@ def test_weight_transport_is_validated_with_the_valid_values_named():
     assert build_config({}).weight_sync.transport == "auto"
     with pytest.raises(ConfigError, match="auto.*collective.*file"):
         build_config({"weight_sync": {"transport": "nccl"}})
+
+
+def test_stage_configs_carry_no_toy_model_keys():
+    from agentrl.config.stages import StageConfig
+
+    assert list(StageConfig.model_fields["model"].annotation.model_fields) == ["path"]
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.default.seed=1"], StageConfig)
+    assert str(err.value).startswith("model.default moved: use model.path (a folder of `python -m agentrl.models "
+                                     "prepare default")
+    assert load_config(None, ["model.default.seed=1"]).model.default.seed == 1  # the RL tree keeps them

@@ -52,8 +52,8 @@ def test_ppo_with_actor_critic_reference_and_reward_model(tmp_path, model_dir, r
     res = run_cli(
         tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=4",
         "buffer.batch_size=16", "rollout.n_samples=4", "buffer.max_staleness=1", "train.save_model=true",
-        f"rewards.sources={sources}", "algo.advantage=gae", "algo.kl_coef=0.05", "algo.kl_mode=reward",
-        "algo.kl_controller=adaptive", "algo.kl_target=0.1", "algo.reward_norm=true",
+        f"rewards.sources={sources}", "algo.advantage=gae",
+        "algo.kl={type: reward, coef: 0.05, controller: {type: adaptive, target: 0.1}}", "algo.reward_norm=true",
         "critic.init_from=reward_model", "learner.freeze_actor_steps=1", "learner.warmup_steps=2",
         "learner.scheduler=cosine", "learner.ema_decay=0.9", "learner.mini_batches=2")
     records = res["records"]
@@ -80,7 +80,7 @@ def test_grpo_with_k3_kl_tis_and_lora_at_staleness_0(tmp_path, model_dir):
     res = run_cli(
         tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=4",
         "buffer.batch_size=16", "rollout.n_samples=8", "buffer.max_staleness=0", "train.save_model=false",
-        "algo.kl_coef=0.05", "algo.kl_estimator=k3", "algo.correction=tis", "algo.dynamic_filter=true",
+        "algo.kl={type: loss, coef: 0.05, estimator: k3}", "algo.correction=tis", "algo.dynamic_filter=true",
         "learner.lora.rank=8", "learner.lora.alpha=16", "learner.lr=1e-3")
     records = res["records"]
     assert len(records) == 4

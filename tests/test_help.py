@@ -22,6 +22,7 @@ from pydantic.fields import FieldInfo
 from agentrl.config import SOURCE_TYPES, Config
 from agentrl.config.help import WIDTH, default_text, description
 from agentrl.config.load import all_keys, nested_model
+from agentrl.config.variants import variants
 from agentrl.config.stages import STAGES, StageConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,17 +48,36 @@ def _help(module: str) -> str:
 
 def _resolve(model: type[BaseModel], key: str) -> list[FieldInfo]:
     """The fields behind a dotted key, walking `model_fields`; `rewards.sources.N.<rest>` is looked up in
-    every source type that has it."""
+    every source type that has it, a key inside a typed sub-config (algo.kl.coef) in every member that
+    has it, each member listed once (algo.kl.controller's members under loss and reward: once)."""
     before, sep, rest = key.partition(".N.")
-    if not sep:
-        node: type[BaseModel] = model
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = nested_model(node.model_fields[part].annotation)
-        return [node.model_fields[parts[-1]]]
-    assert before == "rewards.sources"
-    return [f for source in SOURCE_TYPES.values() if rest.split(".")[0] in source.model_fields
-            for f in _resolve(source, rest)]
+    if sep:
+        assert before == "rewards.sources"
+        return [f for source in SOURCE_TYPES.values() if rest.split(".")[0] in source.model_fields
+                for f in _resolve(source, rest)]
+    head, _, tail = key.partition(".")
+    field = model.model_fields[head]
+    if not tail:
+        return [field]
+    nested = nested_model(field.annotation)
+    if nested is not None:
+        return _resolve(nested, tail)
+    found: dict[tuple[type, str], FieldInfo] = {}
+    for member in variants(field.annotation):
+        if tail.split(".")[0] in member.model_fields:
+            found.update(_owned(member, tail))
+    return list(found.values())
+
+
+def _owned(model: type[BaseModel], key: str) -> dict[tuple[type, str], FieldInfo]:
+    """`_resolve` keyed by (the model that owns the field, its name), so a member reached twice counts once."""
+    head, _, tail = key.partition(".")
+    if not tail:
+        return {(model, head): model.model_fields[head]}
+    ann = model.model_fields[head].annotation
+    nested = nested_model(ann)
+    members = [nested] if nested is not None else [m for m in variants(ann) if tail.split(".")[0] in m.model_fields]
+    return {k: v for m in members for k, v in _owned(m, tail).items()}
 
 
 def _check_every_key(text: str, model: type[BaseModel], keys: list[str]) -> None:
@@ -154,7 +174,8 @@ def test_stage_help_hand_picked_lines():
     one(sft, r"  --model, model\.path = unset +Hugging Face model folder, .*")
     one(sft, r"  --dataset, data\.paths = \[\] +training datasets: .*")
     one(sft, r"  --lr, optim\.lr = 1e-05 +peak learning rate")
-    one(sft, r"  model\.default\.seed = 0 +seed for weights, .*")  # --seed is ambiguous under sft: no flag
+    one(sft, r"  --seed, train\.seed = 0 +shuffling, the eval split, new heads")  # model.default.seed left the stages
+    assert not [line for line in sft if "model.default" in line and "=" in line]
     one(dpo, r"  --beta, dpo\.beta = 0\.1 +strength of the implicit KL constraint")
     one(dpo, r"  --loss, dpo\.loss = sigmoid +\{sigmoid\|ipo\} sigmoid \(DPO\) .*")
 

@@ -28,8 +28,8 @@ def make_batch(learner, log_w: float, adv: float = 1.0) -> TrainBatch:
 def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
     from agentrl.learner.rl import Learner
 
-    learner = Learner(tiny_model, LearnerConfig(lr=1e-4, micro_batch_size=1), AlgoConfig(is_high=1.5, trust_region="none"), 1.0, 2)
-    # w = pi_prox / mu = 2 > is_high -> truncated to 1.5; r = 1 on the first step, A = 1:
+    learner = Learner(tiny_model, LearnerConfig(lr=1e-4, micro_batch_size=1), AlgoConfig(correction={"type": "tis", "high": 1.5}, trust_region="none"), 1.0, 2)
+    # w = pi_prox / mu = 2 > correction.high -> truncated to 1.5; r = 1 on the first step, A = 1:
     # loss = -mean_t(1.5 * 1 * 1) = -1.5 over the 4 generated tokens (two micro-batches of 2 tokens).
     (m,) = learner.step(make_batch(learner, math.log(2.0)))
     assert m.loss == pytest.approx(-1.5, abs=1e-5)
@@ -92,10 +92,10 @@ def test_reference_kl_is_zero_at_start_and_grows_after_updates(tiny_model):
     from agentrl.learner.rl import Learner
 
     learner = Learner(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=2),
-                      AlgoConfig(kl_coef=0.5, kl_estimator="k3"), 1.0, 2)
+                      AlgoConfig(kl={"type": "loss", "coef": 0.5, "estimator": "k3"}), 1.0, 2)
     (first,) = learner.step(make_batch(learner, 0.0, adv=1.0))
     assert first.policy["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # actor == reference before any update
     (second,) = learner.step(make_batch(learner, 0.0, adv=0.0))
-    # with zero advantages the loss is exactly kl_coef * mean_t k3(logp - ref_logp)
+    # with zero advantages the loss is exactly kl.coef * mean_t k3(logp - ref_logp)
     assert second.policy["kl_ref"] > 1e-4
     assert second.loss == pytest.approx(0.5 * second.policy["kl_ref"], rel=1e-4)

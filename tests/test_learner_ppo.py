@@ -44,7 +44,8 @@ def actor_weights(lrn) -> dict[str, torch.Tensor]:
 
 
 def test_gae_uses_the_critic_and_the_critic_fits_the_returns(tiny_model):
-    lrn = learner(tiny_model, AlgoConfig(advantage="gae", gamma=1.0, lam=1.0, value_clip=0.0), CriticConfig(lr=3e-3))
+    lrn = learner(tiny_model, AlgoConfig(advantage={"type": "gae", "gamma": 1.0, "lam": 1.0, "value_clip": 0.0}),
+                  CriticConfig(lr=3e-3))
     batch = make_batch()
     (m,) = lrn.step(batch)
     # The value head starts at 0, so with gamma = lam = 1 every generated token's advantage is the
@@ -68,8 +69,9 @@ def test_gae_uses_the_critic_and_the_critic_fits_the_returns(tiny_model):
 
 
 def test_kl_penalised_rewards_reach_gae_and_the_adaptive_controller_moves(tiny_model):
-    algo = AlgoConfig(advantage="gae", gamma=1.0, lam=1.0, kl_coef=0.2, kl_mode="reward",
-                      kl_controller="adaptive", kl_target=0.01, kl_horizon=10)
+    algo = AlgoConfig(advantage={"type": "gae", "gamma": 1.0, "lam": 1.0},
+                      kl={"type": "reward", "coef": 0.2,
+                          "controller": {"type": "adaptive", "target": 0.01, "horizon": 10}})
     lrn = learner(tiny_model, algo, CriticConfig(lr=1e-3))
     (first,) = lrn.step(make_batch())
     assert first.policy["kl_seq_k1"] == pytest.approx(0.0, abs=1e-6)  # actor == reference at the start
@@ -181,7 +183,7 @@ def test_unsupervised_lm_loss_is_added_with_its_coefficient(tiny_model, tiny_tok
 ])
 def test_offload_and_checkpointing_train_like_the_plain_engine(tiny_model, cfg):
     """Same first-step loss and KL as a plain ZeRO-0 engine, and the weights move."""
-    algo = AlgoConfig(kl_coef=0.1)
+    algo = AlgoConfig(kl={"type": "loss", "coef": 0.1})
     plain = learner(tiny_model, algo)
     (expected,) = plain.step(make_batch())
     lrn = learner(tiny_model, algo, **cfg)

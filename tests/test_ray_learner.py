@@ -51,7 +51,7 @@ def build(model: str, zero: int, algo: AlgoConfig, mini_batches: int):
     from agentrl.learner.rl import Learner
 
     cfg = LearnerConfig(lr=5e-3, zero_stage=zero, micro_batch_size=1, mini_batches=mini_batches)
-    critic = CriticConfig(zero_stage=zero) if algo.advantage == "gae" else None
+    critic = CriticConfig(zero_stage=zero) if algo.advantage.type == "gae" else None
     return partial(Learner, model, cfg, algo, 1.0, 8, critic=critic, critic_path=model if critic else None)
 
 
@@ -73,7 +73,7 @@ def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini
 
 
 @pytest.mark.parametrize("zero,algo,mini_batches", [
-    (0, AlgoConfig(kl_coef=0.1), 2),  # reference logprobs gathered; two optimizer steps
+    (0, AlgoConfig(kl={"type": "loss", "coef": 0.1}), 2),  # reference logprobs gathered; two optimizer steps
     (2, AlgoConfig(advantage="gae", mode="bypass"), 1),  # critic values gathered; returns from GAE
     (3, AlgoConfig(entropy_coef=0.01), 1),  # ZeRO-3 partitions and gathers parameters across ranks
 ], ids=["zero0-kl-2mini", "zero2-gae", "zero3-entropy"])

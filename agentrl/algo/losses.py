@@ -10,7 +10,7 @@ Shapes: B sequences, T ledger positions; every (B, T) tensor is aligned by posit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -34,7 +34,7 @@ class PolicyLossInputs:
 @dataclass
 class PolicyLossConfig:
     """Policy-loss settings. Their defaults, bounds and descriptions live in one place, the config tree's
-    `AlgoConfig` (fields of the same names); `from_settings` reads them from it."""
+    `AlgoConfig` (its `loss_settings()` names them); `from_settings` reads them from it."""
 
     clip_low: float  # r is clipped below at 1 - clip_low
     clip_high: float  # r is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)
@@ -51,8 +51,9 @@ class PolicyLossConfig:
 
     @classmethod
     def from_settings(cls, settings: Any) -> "PolicyLossConfig":
-        """The fields of this class read by name from `settings` (an `agentrl.config.AlgoConfig`)."""
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+        """Built from `settings.loss_settings()` (an `agentrl.config.AlgoConfig`, whose sub-configs it
+        flattens into these fields by name)."""
+        return cls(**settings.loss_settings())
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossConfig], tuple[torch.Tensor, dict[str, float]]]

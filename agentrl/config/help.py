@@ -10,7 +10,8 @@ A key's line holds key, default and the start of its description, so `--help | g
 all three; a longer description wraps under its own column, each section's column placed where its
 lines are fewest. `None` shows as `unset`, a Literal's
 choices as `{a|b}`, a required key as `(required)`. Reward sources are listed once per `type`, as
-`rewards.sources.N.<key>`. Used by `agentrl.train`, `agentrl.eval` and `agentrl.stage_cli`.
+`rewards.sources.N.<key>`; a typed sub-config (algo.kl) as its own key, whose default is the default's
+type, then one section per type (`[algo.kl, type: loss]`). Used by `agentrl.train`, `agentrl.eval` and `agentrl.stage_cli`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from agentrl.config.load import is_source_list, nested_model
+from agentrl.config.variants import type_names, variants
 from agentrl.config.sources import SOURCE_TYPES
 
 WIDTH = 100  # columns of the terminal the list is laid out for
@@ -55,6 +57,8 @@ def value_text(value: Any) -> str:
         text = "unset"
     elif isinstance(value, bool):
         text = "true" if value else "false"
+    elif isinstance(value, BaseModel) and hasattr(value, "type"):  # a typed sub-config: its short form
+        text = str(value.type)
     elif isinstance(value, str):
         text = value if value and value.strip() == value else json.dumps(value)
     elif isinstance(value, (list, tuple, dict)):
@@ -112,8 +116,10 @@ def _laid_out(rows: list[tuple[str, str]], column: int) -> tuple[int, list[str]]
 
 
 def _section(model: type[BaseModel], prefix: str, header: str, flags: Flags | None,
-             skip: Collection[str]) -> list[str]:
-    """Header and key lines of one section, then its subsections, depth first."""
+             skip: Collection[str], shown: set[str] | None = None) -> list[str]:
+    """Header and key lines of one section, then its subsections, depth first. `shown`: the headers of
+    typed sub-configs already listed (algo.kl.controller's types appear once, under the first kl type)."""
+    shown = set() if shown is None else shown
     lines: list[str] = []
     fields = model.model_fields
     rows = []
@@ -129,7 +135,13 @@ def _section(model: type[BaseModel], prefix: str, header: str, flags: Flags | No
         key = prefix + name
         nested = nested_model(field.annotation)
         if nested is not None and key not in skip:
-            lines += _section(nested, key + ".", f"[{key}] {_doc(nested) or field.description or ''}", flags, skip)
+            lines += _section(nested, key + ".", f"[{key}] {_doc(nested) or field.description or ''}", flags, skip,
+                              shown)
+        for member in variants(field.annotation) if key not in skip else ():
+            head = f"[{key}, type: {' | '.join(type_names(member))}]"
+            if head not in shown:
+                shown.add(head)
+                lines += _section(member, key + ".", f"{head} {_doc(member)}", flags, skip, shown)
         if is_source_list(model, name):
             for kind, source in SOURCE_TYPES.items():
                 lines += _section(source, key + ".N.", f"[{key}.N, type: {kind}] {_doc(source)}", flags, skip)

@@ -1,5 +1,6 @@
 """Settings that cannot act under the rest of the configuration: each one a start-up warning that names
-it and says why, so a setting never does nothing silently. Pure: reads a `Config`, returns sentences."""
+it and says why, so a setting never does nothing silently. Pure: reads a `Config`, returns sentences.
+A setting that belongs to a choice not taken is not warned about here: the config tree rejects it."""
 
 from __future__ import annotations
 
@@ -29,28 +30,15 @@ def inert_settings(cfg: Config) -> list[str]:
             out.append(f"algo.{key}={getattr(algo, key)} has no effect: with algo.mode=decoupled and "
                        f"learner.mini_batches=1 the ratio pi_theta/pi_prox is exactly 1 where the gradient is taken, "
                        f"so no ratio clip acts; {bound}")
-    if algo.mode == "bypass":
-        for key in named("correction", "correction_level", "is_low", "is_high"):
-            out.append(f"algo.{key}={getattr(algo, key)} has no effect: in algo.mode=bypass the ratio's denominator is "
-                       f"mu itself, so the importance weight pi_old/mu is 1")
-        if algo.policy_loss == "ppo_clip" and algo.trust_region in ("clip", "neg_clip") and named("trust_region"):
-            out.append(f"algo.trust_region={algo.trust_region} repeats PPO's own clip in algo.mode=bypass, where the "
-                       f"ratio is already taken against mu")
-    else:
-        if algo.correction != "mask":
-            out += [f"algo.is_low={algo.is_low} has no effect: only algo.correction=mask uses a lower bound"
-                    for _ in named("is_low")]
-        if algo.correction == "none":
-            out += [f"algo.is_high={algo.is_high} has no effect with algo.correction=none" for _ in named("is_high")]
-    if algo.trust_region != "m2":
-        out += [f"algo.m2_tau={algo.m2_tau} has no effect: algo.trust_region is {algo.trust_region}, not m2"
-                for _ in named("m2_tau")]
-    if algo.advantage != "gae":
-        out += [f"algo.{k}={getattr(algo, k)} has no effect: it belongs to algo.advantage=gae" for k in
-                named("gamma", "lam", "value_clip")]
-    if algo.kl_coef == 0:
-        out += [f"algo.{k}={getattr(algo, k)} has no effect: algo.kl_coef is 0 (no KL term)" for k in
-                named("kl_estimator", "kl_mode", "kl_controller", "kl_target", "kl_horizon")]
+    if algo.mode == "bypass" and "correction" in given:
+        out.append(f"algo.correction={algo.correction.type} has no effect: in algo.mode=bypass the ratio's denominator "
+                   f"is mu itself, so the importance weight pi_old/mu is 1")
+    if algo.mode == "bypass" and algo.policy_loss == "ppo_clip" and algo.trust_region in ("clip", "neg_clip") \
+            and named("trust_region"):
+        out.append(f"algo.trust_region={algo.trust_region} repeats PPO's own clip in algo.mode=bypass, where the "
+                   f"ratio is already taken against mu")
+    # Keys of a choice not taken (gamma without gae, a KL setting without a KL term, is_low without
+    # mask, m2_tau without m2, dual_clip with cispo) cannot be written any more: see agentrl.config.algo.
     if cfg.learner.lora.rank > 0 and cfg.learner.lora.dropout > 0:
         out.append(f"learner.lora.dropout={cfg.learner.lora.dropout} has no effect in RL: every learner pass runs "
                    f"without dropout, so pi_prox, pi_theta and the reference are the same function of the weights")

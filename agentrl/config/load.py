@@ -2,7 +2,9 @@
 
 Unknown keys are rejected before pydantic sees them, naming the key and the nearest valid one
 (`rollout.n_sampels` -> did you mean `rollout.n_samples`?), also inside reward sources, whose valid
-keys depend on their `type`. Every failure is a `ConfigError` whose message is one line.
+keys depend on their `type`, and inside typed sub-configs (`algo.advantage`, `algo.kl`, ...), where a
+key of another type is named with the type it belongs to. A key of an old layout is answered with its
+new place (`agentrl.config.algo.MOVED_KEYS`). Every failure is a `ConfigError` whose message is one line.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from agentrl.config.algo import MOVED_KEYS, moved_error
+from agentrl.config.variants import member_for, misplaced, type_names, variants, variant_tags
 from agentrl.config.schema import Config
 from agentrl.config.sources import SOURCE_TYPES, RewardsConfig
 
@@ -24,7 +28,10 @@ class ConfigError(ValueError):
 
 
 def nested_model(ann: Any) -> type[BaseModel] | None:
-    """The model of a field annotated `SomeModel` or `SomeModel | None`, else None."""
+    """The model of a field annotated `SomeModel` or `SomeModel | None`, else None (also for a typed
+    sub-config, whose model depends on its `type`: see `variants`)."""
+    if variants(ann):
+        return None
     for candidate in (ann, *typing.get_args(ann)):
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
             return candidate
@@ -45,6 +52,8 @@ def all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
         nested = nested_model(field.annotation)
         if nested is not None:
             keys += all_keys(nested, prefix + name + ".")
+        for member in variants(field.annotation):
+            keys += [k for k in all_keys(member, prefix + name + ".") if k not in keys]
         if is_source_list(model, name):
             for source in SOURCE_TYPES.values():
                 keys += all_keys(source, prefix + name + ".N.")
@@ -85,6 +94,23 @@ def _check_sources(entries: Any, prefix: str) -> None:
         _check_keys(entry, SOURCE_TYPES[kind], f"{prefix}{i}.", Config)
 
 
+def _check_variant(value: Any, members: list[type[BaseModel]], place: str, root: type[BaseModel]) -> None:
+    """A typed sub-config: its `type` picks the member, whose keys are checked; a key of another member
+    is named with the type it belongs to. A bare string (the short form) is left to pydantic."""
+    if not isinstance(value, dict):
+        return
+    names = [n for m in members for n in type_names(m)]
+    kind = value.get("type")
+    member = member_for(members, kind) if kind is not None else None
+    if member is None:
+        given = "has no type" if kind is None else f"type {kind!r} is not one of them"
+        raise ConfigError(f"'{place}' needs a type: {' | '.join(names)}; {given}")
+    problem = misplaced(value, members, place)
+    if problem:
+        raise ConfigError(problem)
+    _check_keys(value, member, place + ".", root)
+
+
 def _check_keys(data: Any, model: type[BaseModel], prefix: str = "", root: type[BaseModel] | None = None) -> None:
     """Reject unknown keys with the nearest valid one, before pydantic sees them. `root` is the whole
     tree, searched for a key put in the wrong section."""
@@ -93,9 +119,16 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "", root: type[
         return
     for key, value in data.items():
         field = model.model_fields.get(str(key))
+        # the root names its own old keys (the stage tree's model.default); the RL tree's are algo's
+        moved = moved_error(prefix + str(key), getattr(root, "moved_keys", MOVED_KEYS)) if field is None else None
+        if moved:
+            raise ConfigError(moved)
         if field is None:
             raise _unknown_key(str(key), model, prefix, root)
         dotted = prefix + str(key)
+        members = variants(field.annotation)
+        if members:
+            _check_variant(value, members, dotted, root)
         nested = nested_model(field.annotation)
         if nested is not None:
             if value is None and field.default is not None:  # a YAML section whose keys are all commented out
@@ -115,6 +148,8 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     for part in parts[:-1]:
         if node.get(part) is None:
             node[part] = {}
+        if isinstance(node[part], str):  # a typed sub-config's short form: algo.advantage=gae, then .lam=0.9
+            node[part] = {"type": node[part]}
         node = node[part]
         if not isinstance(node, dict):
             raise ConfigError(f"override {key!r}: '{part}' is not a section")
@@ -124,17 +159,31 @@ def apply_override(data: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(exc)})") from None
 
 
-def _loc(loc: tuple) -> str:
-    # A discriminated union adds the member's tag to the location: rewards.sources.0.http.http.url.
-    parts = [str(p) for p in loc]
-    out = [p for i, p in enumerate(parts) if not (i > 0 and p in SOURCE_TYPES and parts[i - 1].isdigit())]
+def _variant_tags(model: type[BaseModel]) -> dict[str, set[str]]:
+    """Field name -> the tags of the typed sub-configs of that name anywhere in `model`'s tree."""
+    out: dict[str, set[str]] = {}
+    for name, field in model.model_fields.items():
+        if variants(field.annotation):
+            out.setdefault(name, set()).update(variant_tags(field.annotation))
+        for sub in [nested_model(field.annotation), *variants(field.annotation)]:
+            for key, tags in (_variant_tags(sub) if sub is not None else {}).items():
+                out.setdefault(key, set()).update(tags)
+    return out
+
+
+def _loc(loc: tuple, schema: type[BaseModel] = Config) -> str:
+    # A discriminated union adds the member's tag to the location: rewards.sources.0.http.http.url,
+    # algo.kl.loss.coef.
+    parts, tags = [str(p) for p in loc], _variant_tags(schema)
+    out = [p for i, p in enumerate(parts) if not (i > 0 and p in SOURCE_TYPES and parts[i - 1].isdigit())
+           and not (i > 0 and p in tags.get(parts[i - 1], ()))]
     return ".".join(out) or "config"
 
 
-def _problem(err: dict) -> str:
+def _problem(err: dict, schema: type[BaseModel] = Config) -> str:
     msg = err["msg"].removeprefix("Value error, ")  # our validators' messages name their keys already
-    loc = _loc(err["loc"])
-    return msg if loc == "config" else f"{loc}: {msg}"
+    loc = _loc(err["loc"], schema)
+    return msg if loc == "config" or msg.startswith(loc) else f"{loc}: {msg}"
 
 
 def build_config(data: dict[str, Any], schema: type[BaseModel] = Config) -> Any:
@@ -143,7 +192,7 @@ def build_config(data: dict[str, Any], schema: type[BaseModel] = Config) -> Any:
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError("invalid config: " + "; ".join(_problem(err) for err in exc.errors())) from None
+        raise ConfigError("invalid config: " + "; ".join(_problem(err, schema) for err in exc.errors())) from None
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

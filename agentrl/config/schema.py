@@ -1,6 +1,7 @@
 """The config tree: one pydantic model per stage, in data-flow order; every field documented and bounded.
 
-Reward sources are a typed union in `agentrl.config.sources`. Registry names (advantage estimators,
+Reward sources are a typed union in `agentrl.config.sources`, the `algo` section and its typed
+sub-configs are in `agentrl.config.algo`. Registry names (advantage estimators,
 policy losses, tool parsers) are checked against the registries of `agentrl.algo` and
 `agentrl.tool_formats`, imported inside the validators: both are leaves that import nothing of the project
 above them. Loading YAML and the nearest-key errors are in `agentrl.config.load`.
@@ -13,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from agentrl.config.algo import AlgoConfig
 from agentrl.config.sources import RewardsConfig
 from agentrl.config.sources import _Strict as _Base  # one strict base (unknown keys forbidden) for the tree
 
@@ -132,60 +134,6 @@ class BufferConfig(_Base):
                                description="max learner version minus oldest token version; 0 = on-policy")
 
 
-class AlgoConfig(_Base):
-    """RL math: registry names and their settings (agentrl.algo)."""
-
-    advantage: str = Field("grpo", description="name in agentrl.algo.ADVANTAGES")
-    policy_loss: str = Field("ppo_clip", description="name in agentrl.algo.POLICY_LOSSES")
-    mode: Literal["decoupled", "bypass"] = Field(
-        "decoupled", description="decoupled: learner recomputes pi_prox; bypass: vLLM's mu is the old policy")
-    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio lower clip epsilon")
-    clip_high: float = Field(0.2, ge=0.0, le=10.0, description="PPO ratio upper clip epsilon")
-    correction: Literal["none", "tis", "mask"] = Field("tis", description="importance weight pi_prox/mu handling")
-    correction_level: Literal["token", "sequence"] = Field("token", description="per token or per sequence weight")
-    is_low: float = Field(0.5, ge=0.0, le=1.0, description="lower bound of the weight for 'mask'")
-    is_high: float = Field(2.0, ge=1.0, description="truncation cap ('tis') or upper bound ('mask')")
-    trust_region: Literal["none", "clip", "neg_clip", "m2"] = Field(
-        "clip", description="trust region around the behaviour policy mu, acting on pi_theta/mu at any number of "
-                            "mini-batches: clip drops tokens pushed past [1-clip_low, 1+clip_high] the way their "
-                            "advantage points, neg_clip only those with A < 0, m2 the largest (log pi_theta/mu)^2 "
-                            "until their mean is <= m2_tau (M2PO)")
-    m2_tau: float = Field(0.04, gt=0.0, description="trust_region 'm2': bound on the mean squared log ratio")
-    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
-        "token_mean", description="loss aggregation")
-    constant_norm: float = Field(1.0, gt=0.0, description="'constant' aggregation divides the token sum by "
-                                                          "B * constant_norm")
-    entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="entropy bonus coefficient")
-    kl_coef: float = Field(0.0, ge=0.0, le=100.0, description="weight of the KL(pi || reference) loss term; "
-                                                               "> 0 builds a frozen reference engine")
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator (GRPO uses k3)")
-    kl_mode: Literal["loss", "reward"] = Field(
-        "loss", description="loss: kl_coef * KL estimate added to the policy loss; reward: DeepSpeed-Chat's "
-                            "per-token reward -kl_coef * (log pi_old - log pi_ref), the sequence reward at the end")
-    kl_controller: Literal["fixed", "adaptive"] = Field(
-        "fixed", description="adaptive: kl_coef follows Ziegler et al.'s controller towards kl_target")
-    kl_target: float = Field(6.0, gt=0, description="adaptive controller: target KL per sequence")
-    kl_horizon: int = Field(10000, ge=1, description="adaptive controller: horizon in episodes")
-    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip PPO constant c > 1 (None = off)")
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount (gae)")
-    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda (gae)")
-    value_clip: float = Field(0.2, ge=0.0, description="critic value clipping around the old values (gae); 0 = off")
-    reward_clip: float | None = Field(None, gt=0, description="clamp episode rewards to [-c, c] (None = off)")
-    reward_norm: bool = Field(False, description="divide rewards by a running std over all batches, mean removed")
-    dynamic_filter: bool = Field(False, description="drop groups whose rewards are all equal and sample more "
-                                                    "until the batch is full (DAPO); the drop rate is a metric")
-
-    @model_validator(mode="after")
-    def _known_names(self) -> "AlgoConfig":
-        from agentrl.algo import ADVANTAGES, POLICY_LOSSES
-
-        for key, registry in (("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES)):
-            name = getattr(self, key)
-            if name not in registry:
-                raise ValueError(f"algo.{key}={name!r} is not one of {sorted(registry)}")
-        return self
-
-
 class LoraConfig(_Base):
     """LoRA adapters through peft; rank 0 trains the full model."""
 
@@ -246,7 +194,7 @@ class LearnerConfig(OptimConfig):
 
 
 class CriticConfig(OptimConfig):
-    """The value model of PPO with GAE (built only when algo.advantage is 'gae')."""
+    """The value model of PPO with GAE (built only when algo.advantage.type is 'gae')."""
 
     init_from: str = Field("actor", description="'actor' (the policy's weights, new value head), "
                                                 "'reward_model' (the first reward_model source: body and score "
@@ -342,7 +290,7 @@ class Config(_Base):
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="batching and the staleness bound")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="advantages, loss, off-policy correction")
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="the DeepSpeed actor")
-    critic: CriticConfig = Field(default_factory=CriticConfig, description="the value model (algo.advantage gae)")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="the value model (algo.advantage.type gae)")
     weight_sync: WeightSyncConfig = Field(default_factory=WeightSyncConfig, description="learner -> engine pushes")
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="local or Ray engines and ranks")
     train: TrainConfig = Field(default_factory=TrainConfig, description="loop length, evals and outputs")
@@ -352,7 +300,7 @@ class Config(_Base):
         if self.buffer.batch_size % self.rollout.n_samples:
             raise ValueError(f"buffer.batch_size={self.buffer.batch_size} must be a multiple of "
                              f"rollout.n_samples={self.rollout.n_samples} (whole groups per batch)")
-        if self.algo.advantage == "gae" and self.critic.init_from == "reward_model" and not any(
+        if self.algo.advantage.type == "gae" and self.critic.init_from == "reward_model" and not any(
                 s.type == "reward_model" for s in self.rewards.sources):
             raise ValueError("critic.init_from=reward_model needs a rewards source of type reward_model")
         c = self.cluster

@@ -9,14 +9,29 @@ bare leaf names as `--input_key value`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.config.schema import ModelConfig, OptimConfig
+from agentrl.config.schema import OptimConfig
 from agentrl.config.sources import _Strict as _Base
 
 STAGES = ("sft", "rm", "prm", "dpo", "kto")
+
+# Keys the stage tree had and no longer has (one-line "moved" errors; see agentrl.config.load).
+STAGE_MOVED_KEYS = {
+    "model.default": "model.path (a folder of `python -m agentrl.models prepare default [key=value ...]`; a stage "
+                     "with model.path unset starts from the default model with its default settings)",
+}
+
+
+class StageModelConfig(_Base):
+    """The starting model. The embedded default's own settings (`model.default` of the RL config) are not
+    stage settings: unset, a stage starts from the default model as built with its defaults, the folder
+    `python -m agentrl.models prepare default` prints; other settings make a folder to pass as path."""
+
+    path: str | None = Field(None, description="Hugging Face model folder, or a named model prepared offline "
+                                               "(`python -m agentrl.models list`); unset = the embedded default")
 
 
 class StageDataConfig(_Base):
@@ -120,7 +135,8 @@ class PRMConfig(_Base):
 class StageConfig(_Base):
     """One supervised or preference stage."""
 
-    model: ModelConfig = Field(default_factory=ModelConfig, description="the starting model")
+    moved_keys: ClassVar[dict[str, str]] = STAGE_MOVED_KEYS
+    model: StageModelConfig = Field(default_factory=StageModelConfig, description="the starting model")
     data: StageDataConfig = Field(default_factory=StageDataConfig, description="datasets and tokenisation")
     optim: StageOptimConfig = Field(default_factory=StageOptimConfig, description="DeepSpeed engine and batches")
     train: StageTrainConfig = Field(default_factory=StageTrainConfig, description="outputs and evaluation")

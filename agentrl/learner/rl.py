@@ -29,7 +29,7 @@ from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import init_single_process_dist
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
-from agentrl.learner.step_parts import accumulate, local_grad_norm, rows_mask, weighted, zero_loss
+from agentrl.learner.step_parts import accumulate, local_grad_norm, micro_slices, rows_mask, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
 
@@ -48,7 +48,7 @@ class StepMetrics:
 
 
 class Learner:
-    """The actor engine, plus the frozen reference (kl_coef > 0), the critic (advantage 'gae'), an EMA
+    """The actor engine, plus the frozen reference (a KL term: algo.kl), the critic (advantage 'gae'), an EMA
     of the actor (ema_decay > 0) and the unsupervised LM loss (unsup_coef > 0), as configured."""
 
     def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, temperature: float,
@@ -87,13 +87,13 @@ class Learner:
                                      self.micro_per_mini, bf16, optimizer_steps)
         self.device = self.engine.device
         self.reference = None
-        if algo.kl_coef > 0:
+        if algo.has_kl:
             from transformers import AutoModelForCausalLM
 
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
             self.reference = eval_engine(ref, cfg, cfg.micro_batch_size, cfg.reference_offload)
         self.critic = None
-        if algo.advantage == "gae":
+        if algo.advantage.type == "gae":
             if critic is None or critic_path is None:
                 raise ValueError("algo.advantage 'gae' needs a critic (critic config and critic_path)")
             self.critic_cfg = critic
@@ -101,7 +101,9 @@ class Learner:
                                          self.micro_per_mini, bf16, optimizer_steps)
         self.ema = ModelEMA(self.engine.module, cfg.ema_decay, zero3=cfg.zero_stage == 3) if cfg.ema_decay else None
         self.unsup_batches = unsup_batches
-        self.kl_ctl = make_kl_controller(algo.kl_controller, algo.kl_coef, algo.kl_target, algo.kl_horizon)
+        ctl = algo.kl.controller if algo.has_kl else None  # no KL term: weight 0, kept for the checkpoint's state
+        self.kl_ctl = make_kl_controller(ctl.type if ctl else "fixed", algo.kl.coef if ctl else 0.0,
+                                         getattr(ctl, "target", None), getattr(ctl, "horizon", None))
         self.reward_moments = RunningMoments()
         self.loss_cfg = PolicyLossConfig.from_settings(algo)
         self.loss_fn = POLICY_LOSSES[algo.policy_loss]
@@ -183,24 +185,19 @@ class Learner:
             kl_BT = torch.where(mask > 0, old_logp - ref_logp, 0.0)
             seq_kl = float(kl_BT.sum(-1).mean())
             metrics.update(kl_seq_k1=seq_kl, kl_coef=self.kl_ctl.value)
-            if algo.kl_mode == "reward":
+            if algo.kl.type == "reward":
                 token_rewards, _ = kl_penalized_token_rewards(rewards, old_logp, ref_logp, mask, self.kl_ctl.value)
-                if algo.advantage != "gae":  # scalar estimators see the episode's total shaped reward
+                if algo.advantage.type != "gae":  # scalar estimators see the episode's total shaped reward
                     rewards = token_rewards.sum(-1)
             self.kl_ctl.update(seq_kl, batch.size)
-        out = ADVANTAGES[algo.advantage](AdvantageInputs(
+        out = ADVANTAGES[algo.advantage.type](AdvantageInputs(
             rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask, values_BT=values,
-            token_rewards_BT=token_rewards, gamma=algo.gamma, lam=algo.lam))
+            token_rewards_BT=token_rewards,
+            gamma=getattr(algo.advantage, "gamma", 1.0), lam=getattr(algo.advantage, "lam", 1.0)))  # gae's only
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         return metrics
 
     # -- training ---------------------------------------------------------------------------------
-
-    def _micro_slices(self, rows: range) -> list[slice]:
-        """Exactly `micro_per_mini` slices (DeepSpeed counts micro-steps for accumulation); empty ones are skipped."""
-        size = math.ceil(len(rows) / self.micro_per_mini) if len(rows) else 0
-        return [slice(rows.start + k * size, min(rows.start + (k + 1) * size, rows.stop))
-                for k in range(self.micro_per_mini)]
 
     def _actor_micro_step(self, batch: TrainBatch, rows: slice, old_logp: torch.Tensor,
                           ref_logp: torch.Tensor | None, weight: float, reuse: bool):
@@ -215,8 +212,8 @@ class Learner:
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
             advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy)
         loss, metrics = self.loss_fn(inputs, self.loss_cfg)
-        if ref_logp is not None and self.algo.kl_mode == "loss":
-            kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl_estimator)
+        if ref_logp is not None and self.algo.kl.type == "loss":
+            kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl.estimator)
             loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
             metrics = {**metrics, "kl_ref": float(masked_mean(kl_BT.detach(), mask))}
         # Weighted by the micro-batch's share of the mini-batch's tokens (or rows) over all ranks
@@ -239,7 +236,7 @@ class Learner:
     def _critic_micro_step(self, batch: TrainBatch, rows: slice, old_values: torch.Tensor, weight: float):
         values = self._forward_values(batch, rows)
         mask = batch.loss_mask[rows].to(self.device)
-        clip = self.algo.value_clip or None
+        clip = self.algo.advantage.value_clip or None  # the critic exists only with gae
         loss, metrics = value_loss(values * mask, old_values[rows].to(self.device), batch.returns[rows].to(self.device),
                                    mask, clip=clip, agg="token_mean")
         return (loss * (weight * self.world), loss.item() * weight,
@@ -251,7 +248,7 @@ class Learner:
         by_tokens = self.algo.agg == "token_mean" or engine is self.critic
         total = float(batch.loss_mask[rows.start:rows.stop].sum()) if by_tokens else float(len(rows))
         loss_sum, metric_rows, grad_norm = 0.0, [], float("nan")
-        slices = self._micro_slices(self._share(rows))
+        slices = micro_slices(self._share(rows), self.micro_per_mini)
 
         def micro_loss(k: int) -> torch.Tensor:
             nonlocal loss_sum
@@ -323,8 +320,8 @@ class Learner:
             if start == 0:  # pi_prox before any update (reused: from the first step's pass, this rank's rows)
                 seen = batch.loss_mask * rows_mask(batch.size, self._share(rows) if reuse else range(batch.size))
                 buckets = staleness_buckets(old_logp, batch.behav_logprobs, seen, self.version - 1 - batch.versions,
-                                            self.algo.correction, self.algo.correction_level,
-                                            self.algo.is_low, self.algo.is_high)
+                                            self.loss_cfg.correction, self.loss_cfg.correction_level,
+                                            self.loss_cfg.is_low, self.loss_cfg.is_high)
             results.append(StepMetrics(
                 loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),

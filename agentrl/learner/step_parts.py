@@ -4,6 +4,7 @@ per-micro-batch (or per-rank) metrics combine."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -25,6 +26,13 @@ def accumulate(engine, n_micro: int, micro_loss: Callable[[int], torch.Tensor],
         if after_backward is not None:
             after_backward(i)
     engine.step()
+
+
+def micro_slices(rows: range, n: int) -> list[slice]:
+    """Exactly `n` contiguous slices of `rows`, as equal as ceil division makes them (every rank runs
+    the same number of micro-steps); trailing ones may be empty."""
+    size = math.ceil(len(rows) / n) if len(rows) else 0
+    return [slice(min(rows.start + k * size, rows.stop), min(rows.start + (k + 1) * size, rows.stop)) for k in range(n)]
 
 
 def local_grad_norm(module: torch.nn.Module) -> float:

@@ -1,0 +1,263 @@
+"""The `algo` section: RL math as registry names and typed sub-configs that hold only their own keys.
+
+A setting that applies under one choice lives inside that choice (prime-rl's shape): the advantage
+estimator, the KL term and the off-policy correction are sub-configs discriminated by `type`, so
+`gamma` can only be written inside `advantage: {type: gae}` and a KL setting only inside a `kl` term.
+A bare string is the short form of a sub-config with its defaults (`advantage: grpo` is
+`advantage: {type: grpo}`). Keys of the old flat layout (`algo.kl_coef`, ...) are named in
+`MOVED_KEYS`: the loader answers them with the new place in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from agentrl.config.sources import _Strict as _Base
+
+# Old flat key -> where it lives now (one-line "moved" errors; see agentrl.config.load).
+MOVED_KEYS = {
+    "algo.gamma": "algo.advantage.gamma (with algo.advantage.type gae)",
+    "algo.lam": "algo.advantage.lam (with algo.advantage.type gae)",
+    "algo.value_clip": "algo.advantage.value_clip (with algo.advantage.type gae)",
+    "algo.kl_coef": "algo.kl.coef (algo.kl: {type: loss|reward, coef: ...})",
+    "algo.kl_estimator": "algo.kl.estimator (with algo.kl.type loss)",
+    "algo.kl_mode": "algo.kl.type (loss or reward)",
+    "algo.kl_controller": "algo.kl.controller.type (fixed or adaptive)",
+    "algo.kl_target": "algo.kl.controller.target (with algo.kl.controller.type adaptive)",
+    "algo.kl_horizon": "algo.kl.controller.horizon (with algo.kl.controller.type adaptive)",
+    "algo.correction_level": "algo.correction.level (with algo.correction.type tis or mask)",
+    "algo.is_low": "algo.correction.low (with algo.correction.type mask)",
+    "algo.is_high": "algo.correction.high (with algo.correction.type tis or mask)",
+}
+
+# Built-in policy losses that take the PPO clipped surrogate, the only place dual_clip acts.
+DUAL_CLIP_LOSSES = ("ppo_clip", "gspo")
+
+
+def moved_error(dotted: str, table: dict[str, str] = MOVED_KEYS) -> str | None:
+    """The one-line error for a key of an old layout (`table`: old dotted key -> new place), else None."""
+    new = table.get(dotted)
+    return f"{dotted} moved: use {new}" if new else None
+
+
+def short_form(value: Any) -> Any:
+    """`grpo` -> `{type: grpo}`: a bare string names a sub-config's type and keeps its defaults."""
+    return {"type": value} if isinstance(value, str) else value
+
+
+def type_of(value: Any) -> Any:
+    """The `type` of a sub-config given as a mapping, a bare string or a built model."""
+    if isinstance(value, str):
+        return value
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+class GaeAdvantage(_Base):
+    """PPO's GAE: per-token advantages from a learned critic (the `critic` section)."""
+
+    type: Literal["gae"] = Field(description="generalised advantage estimation with a value model")
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda")
+    value_clip: float = Field(0.2, ge=0.0, description="critic value clipping around the old values; 0 = off")
+
+
+class ScalarAdvantage(_Base):
+    """An estimator of one advantage per episode, from the rewards alone (no critic, no settings)."""
+
+    type: str = Field(description="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, or a name you "
+                                  "registered with agentrl.algo.register_advantage")
+
+    @classmethod
+    def registered(cls) -> list[str]:
+        """The names this class stands for: every registered estimator but gae."""
+        from agentrl.algo import ADVANTAGES
+
+        return sorted(set(ADVANTAGES) - {"gae"})
+
+    @field_validator("type")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from agentrl.algo import ADVANTAGES
+
+        if name not in ADVANTAGES:
+            raise ValueError(f"algo.advantage.type={name!r} is not one of {sorted(ADVANTAGES)}")
+        return name
+
+
+# The estimator registry is open (register_advantage), so only gae has a class of its own; every
+# other registered name is a ScalarAdvantage.
+Advantage = Annotated[Union[Annotated[GaeAdvantage, Tag("gae")], Annotated[ScalarAdvantage, Tag("scalar")]],
+                      Discriminator(lambda v: "gae" if type_of(v) == "gae" else "scalar")]
+
+
+class FixedKL(_Base):
+    """The KL weight stays algo.kl.coef."""
+
+    type: Literal["fixed"] = Field(description="constant KL weight")
+
+
+class AdaptiveKL(_Base):
+    """Ziegler et al.'s controller: the weight starts at algo.kl.coef and follows the measured KL to a target."""
+
+    type: Literal["adaptive"] = Field(description="KL weight adapted towards target")
+    target: float = Field(6.0, gt=0, description="target KL per sequence")
+    horizon: int = Field(10000, ge=1, description="horizon in episodes")
+
+
+KLController = Annotated[Union[FixedKL, AdaptiveKL], Field(discriminator="type")]
+
+
+class _KLTerm(_Base):
+    type: str  # narrowed to a Literal by each term; declared here so that it is listed first
+    coef: float = Field(gt=0.0, le=100.0, description="weight of the KL(pi || reference) term (the adaptive "
+                                                      "controller's starting value); a KL term builds a frozen "
+                                                      "reference model")
+    controller: KLController = Field(default_factory=lambda: FixedKL(type="fixed"),
+                                     description="fixed, or adaptive: {type: adaptive, target, horizon}")
+
+    @field_validator("controller", mode="before")
+    @classmethod
+    def _short(cls, v: Any) -> Any:
+        return short_form(v)
+
+
+class NoKL(_Base):
+    """No KL term and no reference model."""
+
+    type: Literal["none"] = Field(description="no KL term")
+
+
+class LossKL(_KLTerm):
+    """coef * KL estimate added to the policy loss (GRPO)."""
+
+    type: Literal["loss"] = Field(description="KL estimate in the loss")
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="per-token KL estimator (GRPO uses k3)")
+
+
+class RewardKL(_KLTerm):
+    """DeepSpeed-Chat's per-token reward -coef * (log pi_old - log pi_ref), the sequence reward at the end."""
+
+    type: Literal["reward"] = Field(description="KL penalty in the reward")
+
+
+KLTerm = Annotated[Union[NoKL, LossKL, RewardKL], Field(discriminator="type")]
+
+
+class NoCorrection(_Base):
+    """The importance weight pi_prox/mu is not applied."""
+
+    type: Literal["none"] = Field(description="no importance weight")
+
+
+class _Weighted(_Base):
+    type: str  # narrowed to a Literal by each correction; declared here so that it is listed first
+    level: Literal["token", "sequence"] = Field("token", description="per token weight, or per sequence "
+                                                                    "(geometric mean of its token weights)")
+
+
+class TISCorrection(_Weighted):
+    """Truncated importance sampling: w <- min(w, high)."""
+
+    type: Literal["tis"] = Field(description="truncated importance weight")
+    high: float = Field(2.0, ge=1.0, description="truncation cap of the weight")
+
+
+class MaskCorrection(_Weighted):
+    """Tokens (or sequences) whose weight leaves [low, high] are dropped (weight 0)."""
+
+    type: Literal["mask"] = Field(description="weights outside [low, high] masked out")
+    low: float = Field(0.5, ge=0.0, le=1.0, description="lower bound of the weight")
+    high: float = Field(2.0, ge=1.0, description="upper bound of the weight")
+
+
+Correction = Annotated[Union[NoCorrection, TISCorrection, MaskCorrection], Field(discriminator="type")]
+
+
+class AlgoConfig(_Base):
+    """RL math: registry names and their settings (agentrl.algo); a choice's own settings live inside it."""
+
+    advantage: Advantage = Field(default_factory=lambda: ScalarAdvantage(type="grpo"),
+                                 description="estimator: a name in agentrl.algo.ADVANTAGES (short form) or "
+                                             "{type: gae, gamma, lam, value_clip}")
+    policy_loss: str = Field("ppo_clip", description="name in agentrl.algo.POLICY_LOSSES")
+    mode: Literal["decoupled", "bypass"] = Field(
+        "decoupled", description="decoupled: learner recomputes pi_prox; bypass: vLLM's mu is the old policy")
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio lower clip epsilon")
+    clip_high: float = Field(0.2, ge=0.0, le=10.0, description="PPO ratio upper clip epsilon")
+    dual_clip: float | None = Field(None, gt=1.0, description="dual-clip PPO constant c > 1 (None = off); only "
+                                                              "with the clipped surrogate (ppo_clip, gspo)")
+    correction: Correction = Field(default_factory=lambda: TISCorrection(type="tis"),
+                                   description="importance weight pi_prox/mu: none, tis {level, high} or "
+                                               "mask {level, low, high}")
+    trust_region: Literal["none", "clip", "neg_clip", "m2"] = Field(
+        "clip", description="trust region around the behaviour policy mu, acting on pi_theta/mu at any number of "
+                            "mini-batches: clip drops tokens pushed past [1-clip_low, 1+clip_high] the way their "
+                            "advantage points, neg_clip only those with A < 0, m2 the largest (log pi_theta/mu)^2 "
+                            "until their mean is <= m2_tau (M2PO)")
+    m2_tau: float = Field(0.04, gt=0.0, description="bound on the mean squared log ratio; only with "
+                                                    "trust_region m2")
+    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
+        "token_mean", description="loss aggregation")
+    constant_norm: float = Field(1.0, gt=0.0, description="'constant' aggregation divides the token sum by "
+                                                          "B * constant_norm")
+    entropy_coef: float = Field(0.0, ge=0.0, le=1.0, description="entropy bonus coefficient")
+    kl: KLTerm = Field(default_factory=lambda: NoKL(type="none"),
+                       description="KL(pi || reference): none, loss {coef, estimator, controller} or reward "
+                                   "{coef, controller}")
+    reward_clip: float | None = Field(None, gt=0, description="clamp episode rewards to [-c, c] (None = off)")
+    reward_norm: bool = Field(False, description="divide rewards by a running std over all batches, mean removed")
+    dynamic_filter: bool = Field(False, description="drop groups whose rewards are all equal and sample more "
+                                                    "until the batch is full (DAPO); the drop rate is a metric")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_or_misplaced(cls, data: Any) -> Any:
+        # Python callers (AlgoConfig(kl_coef=...)) get the loader's one-line answers too.
+        from agentrl.config.variants import misplaced, variants
+
+        for key, value in data.items() if isinstance(data, dict) else ():
+            field = cls.model_fields.get(key)
+            members = variants(field.annotation) if field is not None else []
+            msg = moved_error(f"algo.{key}") or (misplaced(short_form(value), members, f"algo.{key}")
+                                                 if members else None)
+            if msg:
+                raise ValueError(msg)
+        return data
+
+    @field_validator("advantage", "kl", "correction", mode="before")
+    @classmethod
+    def _short(cls, v: Any) -> Any:
+        return short_form(v)
+
+    @model_validator(mode="after")
+    def _applies(self) -> "AlgoConfig":
+        from agentrl.algo import POLICY_LOSSES
+
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(f"algo.policy_loss={self.policy_loss!r} is not one of {sorted(POLICY_LOSSES)}")
+        given = self.model_fields_set
+        # A registered loss of your own may read dual_clip; of the built-ins only the clipped surrogate does.
+        if self.dual_clip is not None and self.policy_loss in ("cispo",):
+            raise ValueError(f"algo.dual_clip applies only with algo.policy_loss {' or '.join(DUAL_CLIP_LOSSES)} "
+                             f"(the clipped surrogate), not {self.policy_loss}")
+        # A value other than the default: a written-out config (train's summary.json) holds every key.
+        if "m2_tau" in given and self.trust_region != "m2" and self.m2_tau != type(self).model_fields["m2_tau"].default:
+            raise ValueError(f"algo.m2_tau applies only with algo.trust_region m2, not {self.trust_region}")
+        return self
+
+    @property
+    def has_kl(self) -> bool:
+        """A KL term is configured: the learner builds a frozen reference model."""
+        return self.kl.type != "none"
+
+    def loss_settings(self) -> dict[str, Any]:
+        """The flat values `agentrl.algo.PolicyLossConfig` reads; a correction without a bound gets the
+        defaults (unread: the loss reads bounds only of the correction that has them)."""
+        c = self.correction
+        return dict(clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
+                    correction=c.type, correction_level=getattr(c, "level", "token"),
+                    is_low=getattr(c, "low", 0.5), is_high=getattr(c, "high", 2.0),
+                    agg=self.agg, constant_norm=self.constant_norm, entropy_coef=self.entropy_coef,
+                    trust_region=self.trust_region, m2_tau=self.m2_tau)
