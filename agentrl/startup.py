@@ -112,8 +112,10 @@ class Prepared:
 def prepare(cfg: Config) -> Prepared:
     """Raises ConfigError (DataError for task files) naming the key, file or line at fault."""
     from agentrl.env import load_env
+    from agentrl.tool_client import register_tool_servers
     from rewards.sources import check_sources
 
+    register_tool_servers(cfg.tools.servers)
     try:
         env_cls = load_env(cfg.env.import_path)
     except ValueError as exc:

@@ -29,16 +29,10 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from agentrl.config import EndpointConfig
+from agentrl.config import ToolServerConfig
 from agentrl.http_common import Failure, PooledEndpoint, parse_json_model
 
 ToolStatus = Literal["ok", "error", "timeout"]
-
-
-class ToolServerConfig(EndpointConfig):
-    """One tool server and how hard to try it."""
-
-    url: str = Field(description="Base URL of the tool server; <url>/tools and <url>/call are requested.")
 
 
 @dataclass(frozen=True)
@@ -160,6 +154,23 @@ def shared_client(url: str, **config: Any) -> RemoteToolClient:
     if key not in clients:
         clients[key] = RemoteToolClient(key, **config)
     return clients[key]
+
+
+_NAMED: dict[str, ToolServerConfig] = {}  # tools.servers of the config this process runs
+
+
+def register_tool_servers(servers: dict[str, ToolServerConfig]) -> None:
+    """Make the config's `tools.servers` the ones `named_client` knows (start-up does this)."""
+    _NAMED.clear()
+    _NAMED.update(servers)
+
+
+def named_client(name: str) -> RemoteToolClient:
+    """The shared client of the tool server `tools.servers.<name>`, built with its settings."""
+    if name not in _NAMED:
+        raise RemoteToolError(f"no tool server named {name!r} (tools.servers: {sorted(_NAMED) or 'none'})")
+    server = _NAMED[name]
+    return shared_client(server.url, **server.model_dump(exclude={"url"}))
 
 
 async def aclose_shared() -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from agentrl.env import Action, Env, Message, StepResult, ToolCall
 from agentrl.token_budget import truncate_to_tokens
-from agentrl.tool_client import RemoteToolClient, RemoteToolError, shared_client
+from agentrl.tool_client import RemoteToolClient, RemoteToolError, named_client, shared_client
 from rewards.rules import last_number, numeric_match
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -47,16 +47,21 @@ def _load_tokenizer(path: str) -> Any:
 
 
 class CalculatorEnv(Env):
-    def __init__(self, tool_url: str, result_token_budget: int = 32, max_turns: int = 4,
+    def __init__(self, tool_url: str | None = None, result_token_budget: int = 32, max_turns: int = 4,
                  max_calls_per_turn: int = 8, tokenizer: Any = None, describe_tools: bool = True,
-                 compact_tools: bool = False, client: dict[str, Any] | None = None) -> None:
-        """`tokenizer`: a tokenizer or a Hugging Face path, for the result budget (None: count UTF-8 bytes,
+                 compact_tools: bool = False, client: dict[str, Any] | None = None,
+                 tool_server: str | None = None) -> None:
+        """`tool_server`: the name of the server in the config's `tools.servers` (its URL and client
+        settings come from there); or, outside a config, `tool_url` with `client` settings. `tokenizer`: a tokenizer or a Hugging Face path, for the result budget (None: count UTF-8 bytes,
         which never undercounts a byte-level BPE). `client`: ToolServerConfig fields (timeouts, retries, ...)
         for the first client made for this URL on the event loop. `describe_tools` adds a system message
         naming the tools and the call format, for chat templates that do not render `tools`;
         `compact_tools` leaves the call format out of it (for a model warm-started on the format, whose
         context is small)."""
-        self.tool_url = tool_url.rstrip("/")
+        if (tool_url is None) == (tool_server is None):
+            raise ValueError("CalculatorEnv takes one of tool_server (a name in tools.servers) or tool_url")
+        self.tool_server = tool_server
+        self.tool_url = (tool_url or "").rstrip("/")
         self.budget = result_token_budget
         self.max_turns = max_turns
         self.max_calls_per_turn = max_calls_per_turn
@@ -71,7 +76,9 @@ class CalculatorEnv(Env):
 
     async def reset(self, task: dict[str, Any]) -> list[Message]:
         self.task, self.turn = task, 0
-        self.client: RemoteToolClient = shared_client(self.tool_url, **self.client_config)
+        self.client: RemoteToolClient = (named_client(self.tool_server) if self.tool_server else
+                                         shared_client(self.tool_url, **self.client_config))
+        self.tool_url = self.client.config.url
         self.tools = await self.client.tools()  # discovered once per URL and event loop; RemoteToolError if down
         names = [spec["function"]["name"] for spec in self.tools]
         return initial_messages(task, names, self.describe_tools, self.compact_tools)

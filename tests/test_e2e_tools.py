@@ -43,11 +43,12 @@ def calculator_model(tmp_path_factory) -> str:
     return str(ensure_default_model(cfg))
 
 
-def train(config: str, out: Path, model: str, tool_url: str, *overrides: str) -> subprocess.CompletedProcess:
-    """`python -m agentrl.train` on an example config, shortened: 16 held-out tasks, groups of 4, batches of 16."""
+def train(config: str, out: Path, model: str, *overrides: str) -> subprocess.CompletedProcess:
+    """`python -m agentrl.train` on an example config, shortened: 16 held-out tasks, groups of 4, batches of 16;
+    `overrides` point it at the test's tool server."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
     cmd = [sys.executable, "-m", "agentrl.train", "--config", config, f"model.path={model}",
-           f"env.kwargs.tool_url={tool_url}", f"train.out_dir={out}", "data.eval_tasks=16", "rollout.n_samples=4",
+           f"train.out_dir={out}", "data.eval_tasks=16", "rollout.n_samples=4",
            "buffer.batch_size=16", "train.save_model=false", *overrides]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -56,7 +57,8 @@ def train(config: str, out: Path, model: str, tool_url: str, *overrides: str) ->
 
 def test_calculator_env_trains_against_the_reference_tool_server(tmp_path, tool_server, calculator_model):
     out = tmp_path / "run"
-    proc = train("examples/agents/calculator.yaml", out, calculator_model, tool_server, "train.steps=3")
+    proc = train("examples/agents/calculator.yaml", out, calculator_model, f"tools.servers.calculator.url={tool_server}",
+                 "train.steps=3")
 
     summary = json.loads((out / "summary.json").read_text())
     for key in ("eval_before", "eval_after"):
@@ -100,7 +102,7 @@ def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_
     from agentrl.chat import ChatFormat, load_tokenizer
 
     out = tmp_path / "run"
-    train("examples/agents/openai_agent.yaml", out, calculator_model, tool_server, "train.steps=2",
+    train("examples/agents/openai_agent.yaml", out, calculator_model, f"env.kwargs.tool_url={tool_server}", "train.steps=2",
           "train.save_rollouts=true")
     summary = json.loads((out / "summary.json").read_text())
     for key in ("eval_before", "eval_after"):

@@ -443,3 +443,47 @@ def test_reference_server_runs_as_a_module():
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+
+
+# -- tool servers in the config tree ------------------------------------------------------------------
+
+def test_a_named_tool_server_comes_from_the_config_tree(tiny_tokenizer):
+    """`tools.servers.<name>` carries the URL and client settings; CalculatorEnv(tool_server=<name>) plays
+    against that server on loopback with the configured client (here: the retry budget)."""
+    from agentrl.config import build_config
+    from agentrl.tool_client import named_client, register_tool_servers
+
+    tok = tiny_tokenizer
+
+    async def go():
+        async with serve(make_app()) as base:
+            cfg = build_config({"tools": {"servers": {"calc": {"url": base, "max_retries": 1, "read_timeout_s": 2.0}}},
+                                "env": {"import_path": "envs.calculator:CalculatorEnv",
+                                        "kwargs": {"tool_server": "calc"}}})
+            register_tool_servers(cfg.tools.servers)
+            try:
+                spec = EpisodeSpec(CalculatorEnv, {"tool_server": "calc", "tokenizer": tok}, ChatFormat(tok),
+                                   RolloutConfig(max_tokens_per_turn=400, turn_timeout_s=5), 2048)
+                ep = await run_episode(TASK, ScriptedEngine(tok, [CALL, "3293"]), spec)
+                client = named_client("calc")
+                return ep, client.config.url, client.config.max_retries, client.config.read_timeout_s, base
+            finally:
+                register_tool_servers({})
+                await aclose_shared()
+
+    ep, url, retries, read_timeout, base = asyncio.run(asyncio.wait_for(go(), 20))
+    assert (ep.status, ep.reward, ep.success) == ("ok", 1.0, True)
+    assert ep.messages[3] == {"role": "tool", "content": "3293", "name": "calculator"}
+    assert (url, retries, read_timeout) == (base.rstrip("/"), 1, 2.0)
+
+
+def test_tool_server_names_and_urls_are_checked_with_the_config():
+    from agentrl.config import ConfigError, build_config, load_config
+
+    with pytest.raises(ConfigError, match=r"env.kwargs.tool_server='calc' is not a server of tools.servers \(\['calculator'\]\)"):
+        build_config({"tools": {"servers": {"calculator": {"url": "http://127.0.0.1:1"}}},
+                      "env": {"kwargs": {"tool_server": "calc"}}})
+    with pytest.raises(ConfigError, match="tools.servers.calculator.url"):
+        load_config("examples/agents/calculator.yaml", ["tools.servers.calculator.url=ftp://x"])
+    with pytest.raises(ValueError, match="one of tool_server"):
+        CalculatorEnv(tool_url="http://127.0.0.1:1", tool_server="calculator")

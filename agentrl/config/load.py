@@ -30,11 +30,20 @@ class ConfigError(ValueError):
 def nested_model(ann: Any) -> type[BaseModel] | None:
     """The model of a field annotated `SomeModel` or `SomeModel | None`, else None (also for a typed
     sub-config, whose model depends on its `type`: see `variants`)."""
-    if variants(ann):
+    if variants(ann) or named_model(ann):
         return None
     for candidate in (ann, *typing.get_args(ann)):
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
             return candidate
+    return None
+
+
+def named_model(ann: Any) -> type[BaseModel] | None:
+    """The model of a field annotated `dict[str, SomeModel]` (entries by name: `tools.servers`), else None."""
+    if typing.get_origin(ann) is dict:
+        value = typing.get_args(ann)[1]
+        if isinstance(value, type) and issubclass(value, BaseModel):
+            return value
     return None
 
 
@@ -48,7 +57,7 @@ def all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     for each source type."""
     keys = []
     for name, field in model.model_fields.items():
-        keys.append(prefix + name)
+        keys.append(prefix + name)  # a dict of named entries (tools.servers) is one key here
         nested = nested_model(field.annotation)
         if nested is not None:
             keys += all_keys(nested, prefix + name + ".")
@@ -129,6 +138,10 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "", root: type[
         members = variants(field.annotation)
         if members:
             _check_variant(value, members, dotted, root)
+        named = named_model(field.annotation)
+        if named is not None and isinstance(value, dict):
+            for name, entry in value.items():
+                _check_keys(entry, named, f"{dotted}.{name}.", root)
         nested = nested_model(field.annotation)
         if nested is not None:
             if value is None and field.default is not None:  # a YAML section whose keys are all commented out

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from agentrl.config.algo import AlgoConfig
 from agentrl.config.sources import RewardsConfig
+from agentrl.config.tools import ToolsConfig
 from agentrl.config.sources import _Strict as _Base  # one strict base (unknown keys forbidden) for the tree
 
 WARM_START_TASKS = ("guess_number", "calculator", "arithmetic")  # envs.<task> has demo_tasks and demonstration
@@ -286,6 +287,7 @@ class Config(_Base):
     engine: EngineConfig = Field(default_factory=EngineConfig, description="the vLLM rollout engine")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="episode sampling and deadlines")
     server: ServerConfig = Field(default_factory=ServerConfig, description="the OpenAI endpoint AgentEnv agents call")
+    tools: ToolsConfig = Field(default_factory=ToolsConfig, description="tool servers envs call, by name")
     rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="reward sources and failure policy")
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="batching and the staleness bound")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="advantages, loss, off-policy correction")
@@ -303,6 +305,10 @@ class Config(_Base):
         if self.algo.advantage.type == "gae" and self.critic.init_from == "reward_model" and not any(
                 s.type == "reward_model" for s in self.rewards.sources):
             raise ValueError("critic.init_from=reward_model needs a rewards source of type reward_model")
+        named = self.env.kwargs.get("tool_server")
+        if named is not None and named not in self.tools.servers:
+            raise ValueError(f"env.kwargs.tool_server={named!r} is not a server of tools.servers "
+                             f"({sorted(self.tools.servers) or 'none configured'})")
         c = self.cluster
         if c.engine_num_gpus > 0 and c.tensor_parallel_size > 1 and c.engine_num_gpus != c.tensor_parallel_size:
             # vLLM starts its tensor-parallel workers inside the actor, on the GPUs Ray gave the actor.
