@@ -208,28 +208,21 @@ class StalenessBuffer:
 
     # -- checkpoints ------------------------------------------------------------------------------
 
-    def snapshot(self) -> tuple[list[Group], dict[str, int]]:
-        """(finished groups waiting, counters): with the in-flight groups' positions, what a checkpoint
-        needs. The groups are not copied: a group is never changed once put."""
-        return list(self._ready), {"issued": self._issued, **self._n}
-
     def state_dict(self) -> dict[str, Any]:
-        """`snapshot` and the number of groups in flight, for a checkpoint."""
-        ready, counters = self.snapshot()
-        return {"ready": ready, "counters": counters, "in_flight": self.in_flight_groups}
+        """Finished groups waiting, counters and the number of groups in flight, for a checkpoint. The
+        groups are not copied: a group is never changed once put."""
+        return {"ready": list(self._ready), "counters": {"issued": self._issued, **self._n},
+                "in_flight": self.in_flight_groups}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.restore(state["ready"], state["counters"], state["in_flight"])
-
-    def restore(self, ready: list[Group], counters: dict[str, int], in_flight: int) -> None:
-        """State from `snapshot`, taken when `in_flight` groups were running. Those are not restored
-        (their episodes restart and are admitted again), so they are taken out of `issued` and
-        `groups_admitted`: admitted == returned + in buffer + in flight + refunded still holds."""
-        counters = dict(counters)
+        """The groups in flight when the state was taken are not restored (their episodes restart and
+        are admitted again), so they are taken out of `issued` and `groups_admitted`: admitted ==
+        returned + in buffer + in flight + refunded still holds."""
+        counters, in_flight = dict(state["counters"]), state["in_flight"]
         self._issued = counters.pop("issued") - in_flight
         self._n = Counter(counters)
         self._n["groups_admitted"] -= in_flight
-        self._ready = deque(ready)
+        self._ready = deque(state["ready"])
         self._notify()
 
     # -- internals --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -168,14 +168,14 @@ class Producer:
     position: trained, dropped (with its reason), finished and waiting, or in flight."""
 
     def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Callable[[int], dict], n: int,
-                 dynamic_filter: bool = False, cursor: int = 0, reissue: Iterable[int] = ()) -> None:
+                 dynamic_filter: bool = False) -> None:
         """`tasks`: position -> task (`agentrl.data.TaskStream`). `dynamic_filter`: groups whose
         trainable episodes all got the same reward carry no group-relative signal; they give their
         slot back and another group is sampled (DAPO)."""
         self.buffer, self.pool, self.tasks, self.n = buffer, pool, tasks, n
         self.dynamic_filter = dynamic_filter
-        self.cursor = cursor
-        self._reissue = deque(reissue)
+        self.cursor = 0  # the next new stream position (load_state_dict: a checkpoint's)
+        self._reissue: deque[int] = deque()  # set by load_state_dict
         self.groups_finished = self.groups_filtered = 0
         self._jobs: set[asyncio.Task] = set()
         self._live: set[int] = set()  # positions admitted and not yet put, released or refunded
@@ -224,23 +224,18 @@ class Producer:
         self._outcomes.clear()
         return out
 
-    def counters(self) -> dict[str, int]:
-        return {"groups_finished": self.groups_finished, "groups_filtered": self.groups_filtered}
-
-    def restore_counters(self, counters: dict[str, int]) -> None:
-        self.groups_finished, self.groups_filtered = counters["groups_finished"], counters["groups_filtered"]
-
     def state_dict(self) -> dict[str, Any]:
         """The next new stream position, the positions in flight (re-issued on resume: an Env's state
         cannot be saved, so those episodes restart from their task) and the counters."""
-        return {"cursor": self.cursor, "in_flight": self.in_flight(), "counters": self.counters()}
+        return {"cursor": self.cursor, "in_flight": self.in_flight(), "counters": {"groups_finished": self.groups_finished, "groups_filtered": self.groups_filtered}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Before `run`: continue from `state`'s cursor, re-issuing its in-flight positions first."""
         if self._live or self._jobs:
             raise RuntimeError("Producer.load_state_dict after the producer started")
         self.cursor, self._reissue = state["cursor"], deque(state["in_flight"])
-        self.restore_counters(state["counters"])
+        self.groups_finished, self.groups_filtered = (state["counters"]["groups_finished"],
+                                                      state["counters"]["groups_filtered"])
 
     async def stop(self) -> None:
         self.buffer.close()
