@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=30 "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests (e.g. a -k filter that matches nothing): not a failure.

@@ -233,3 +233,23 @@ def test_the_newest_snapshot_outlives_its_release_until_the_hub_closes():
     assert list(hub.snapshots) == [2]
     hub.close_all()
     assert hub.snapshots == {}
+
+
+def test_a_held_snapshot_outlives_its_release_until_its_send_ends():
+    """An engine catching up after a restart holds the version it read; a newer push releasing that
+    version meanwhile must not leave its receivers waiting for a broadcast that never comes."""
+    hub = SenderHub("127.0.0.1", timeout_s=5, bucket_bytes=1 << 20)
+    for v in (1, 2):
+        hub.publish(v, {"w": torch.full((2,), float(v))}, None)
+    assert hub.hold("engine0", 1)
+    hub.publish(3, {"w": torch.full((2,), 3.0)}, None)
+    hub.release(1)  # the push of v3 landed and released v1 (and v2), but engine0 is about to send v1
+    hub.release(2)
+    assert sorted(hub.snapshots) == [1, 3]
+    assert not hub.hold("engine1", 2)  # gone: the caller loads a newer version instead
+    hub.close("engine0")  # its load ended (here: failed; a finished send ends the hold the same way)
+    assert sorted(hub.snapshots) == [3]
+    with pytest.raises(RuntimeError, match="v1 were released"):
+        hub.endpoints["engine0"] = type("E", (), {"group": None})()
+        hub.send("engine0", 1)
+    hub.close_all()

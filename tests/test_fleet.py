@@ -187,6 +187,77 @@ def test_a_restart_whose_weights_are_replaced_meanwhile_loads_the_newer_ones():
     asyncio.run(run())
 
 
+def test_a_load_begun_on_an_engine_life_a_restart_replaced_does_not_restart_the_new_one():
+    """A push's load hangs on an engine that died; the fleet restarts it (and the restart catches up).
+    When the old load finally fails, its failure is the old engine's: the new one stays, restarted once."""
+    async def run():
+        fleet = make(1)
+        await fleet.start()
+        m = fleet.members[0]
+        original, gate, calls = m.load_weights, asyncio.Event(), []
+
+        async def hung_then_dead(handover, version):
+            calls.append(handover)
+            if len(calls) == 1:  # the load begun on the engine that is about to die
+                await gate.wait()
+                raise Dead("gone")
+            return await original(handover, version)
+
+        m.load_weights = hung_then_dead
+        push = asyncio.ensure_future(fleet.load_weights_file("blob-v1", 1))
+        await asyncio.sleep(0.01)
+        m.dead = True
+        await fleet.report_failure(m, Dead("gone"))
+        await fleet.wait_restarts()
+        assert m.healthy and m.restarts == 1 and m.version == 1  # caught up on the restarted engine
+        gate.set()  # the old life's load fails now
+        with pytest.raises(RuntimeError, match="engine 0: Dead"):
+            await push
+        await asyncio.sleep(0.01)
+        await fleet.wait_restarts()
+        assert m.healthy and m.restarts == 1 and fleet.stats()["engine_restarts"] == 1
+    asyncio.run(run())
+
+
+def test_a_collective_load_closed_with_its_loop_closes_without_awaiting():
+    """A load still waiting when its task is destroyed (the loop ends, or the task is collected) is
+    closed by GeneratorExit; its clean-up must not await, or the close becomes a RuntimeError that the
+    fleet would read as an engine failure."""
+    from agentrl.rollout.collective_load import load_into
+
+    class Hanging(Member):
+        async def stage_weights(self, update_info):
+            pass
+
+        async def load_weights_collective(self, update_info, version):
+            await asyncio.Event().wait()
+
+    class Handover:
+        update_info: dict = {}
+        closed = 0
+
+        async def call(self, method, *args):
+            if method == "close":
+                Handover.closed += 1
+            elif method == "send":
+                await asyncio.Event().wait()
+            return {}
+
+    async def run():
+        m = Hanging(0)
+        m.group = m.epoch  # joined already
+        coro = load_into(m, Handover(), 1)
+        task = asyncio.ensure_future(coro)
+        await asyncio.sleep(0.01)
+        return task, coro
+
+    loop = asyncio.new_event_loop()
+    task, coro = loop.run_until_complete(run())
+    coro.close()  # what destroying the pending task does; raises RuntimeError if the clean-up awaits
+    assert Handover.closed == 0
+    loop.close()
+
+
 def test_an_engine_outside_this_process_streams_its_turn_in_one_piece_and_reports_its_death():
     async def run():
         fleet = make(2)

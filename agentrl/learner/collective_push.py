@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -76,19 +77,50 @@ class SenderHub:
         self._cuda = torch.device(device).type == "cuda"
         self.endpoints: dict[str, _Endpoint] = {}
         self.snapshots: dict[int, PackedSnapshot] = {}
+        # Per group key, the version a load through it is about to send (`hold`); released versions
+        # wait for their holds to end. The calls come from several threads.
+        self._holds: dict[str, int] = {}
+        self._released: set[int] = set()
+        self._lock = threading.Lock()
 
     def publish(self, version: int, state: dict[str, torch.Tensor], dtype: torch.dtype | None) -> tuple[dict, int]:
         snap = pack_snapshot(state, dtype, self.bucket_bytes, self.device)
         if self._cuda:
             torch.cuda.current_stream().synchronize()  # the copies land before another stream sends them
-        self.snapshots[version] = snap
+        with self._lock:
+            self.snapshots[version] = snap
+            self._drop_released()
         return snap.update_info(), snap.nbytes
 
     def release(self, version: int) -> None:
-        """Drop `version` unless it is the newest: that one stays until the hub closes, because an
-        engine restarting after the last push (the run may be ending) catches up by loading it."""
-        if version != max(self.snapshots, default=version):
+        """Drop `version` once it is neither the newest nor held: the newest stays until the hub closes,
+        because an engine restarting after the last push (the run may be ending) catches up by loading
+        it, and a held one until its send ends."""
+        with self._lock:
+            self._released.add(version)
+            self._drop_released()
+
+    def hold(self, key: str, version: int) -> bool:
+        """Keep `version` until `key`'s send of it ends (or `key` closes); False if it is gone already.
+        Taken before the receivers start waiting: an engine catching up after a restart reads the newest
+        push it saw, and a newer push releasing that one meanwhile must not leave them waiting for a
+        broadcast that never comes (each wait ends only at the group's timeout)."""
+        with self._lock:
+            if version not in self.snapshots:
+                return False
+            self._holds[key] = version
+            return True
+
+    def _unhold(self, key: str) -> None:
+        with self._lock:
+            self._holds.pop(key, None)
+            self._drop_released()
+
+    def _drop_released(self) -> None:
+        newest, held = max(self.snapshots, default=None), set(self._holds.values())
+        for version in [v for v in self._released if v != newest and v not in held]:
             self.snapshots.pop(version, None)
+            self._released.discard(version)
 
     def open(self, key: str, workers: int) -> dict[str, Any]:
         """A new group for `key` with `workers` receivers; returns the receivers' init info. The old
@@ -109,25 +141,34 @@ class SenderHub:
         """Broadcast `version`'s buckets through `key`'s group; returns the seconds it took."""
         t0 = time.perf_counter()
         group = self.endpoints[key].group
+        if version not in self.snapshots:
+            raise RuntimeError(f"weights v{version} were released before this send (hold them first)")
         # On GPU a broadcast only queues on the current stream: send on a stream of its own (not the
         # learner's compute stream, which would wait for the push) and wait for it, so the time is real.
         stream = torch.cuda.Stream() if self._cuda else None
-        with torch.cuda.stream(stream) if self._cuda else contextlib.nullcontext():
-            for buf in self.snapshots[version].buffers:
-                collective.broadcast(group, buf)
-        if stream is not None:
-            stream.synchronize()
+        try:
+            with torch.cuda.stream(stream) if self._cuda else contextlib.nullcontext():
+                for buf in self.snapshots[version].buffers:
+                    collective.broadcast(group, buf)
+            if stream is not None:
+                stream.synchronize()
+        finally:
+            self._unhold(key)
         return time.perf_counter() - t0
 
     def close(self, key: str) -> None:
         """Drop `key`'s group. Not shut down: a broadcast to a dead peer may still hold it on another
         thread until the group's timeout, and a shutdown would wait for that; the last reference frees it."""
         self.endpoints.pop(key, None)
+        self._unhold(key)
 
     def close_all(self) -> None:
         for key in list(self.endpoints):
             self.close(key)
-        self.snapshots.clear()
+        with self._lock:
+            self.snapshots.clear()
+            self._holds.clear()
+            self._released.clear()
 
 
 @dataclass

@@ -12,6 +12,10 @@ import asyncio
 from typing import Any
 
 
+class WeightsReplaced(RuntimeError):
+    """The version to load is gone from the sender: a newer one was pushed and released it."""
+
+
 def is_collective(handover: Any) -> bool:
     return hasattr(handover, "update_info") and hasattr(handover, "call")
 
@@ -22,6 +26,11 @@ async def load_into(member, handover: Any, version: int) -> float:
     if not is_collective(handover):
         return await member.load_weights(handover, version)
     key = await join(member, handover.call)
+    if not await handover.call("hold", key, version):
+        # A newer push released these weights before this load began (an engine catching up after a
+        # restart); nothing has started, so the group stays, and the caller loads the newer ones.
+        raise WeightsReplaced(f"weights v{version} were replaced by a newer push before engine "
+                              f"{member.index} could load them")
     try:
         # Receivers start first (on CPU they receive in the background, generating meanwhile); the
         # load pauses generation once the bytes are in (CPU) or as they arrive (GPU).
@@ -29,7 +38,9 @@ async def load_into(member, handover: Any, version: int) -> float:
         pause, _ = await _both(member.load_weights_collective(handover.update_info, version),
                                handover.call("send", key, version))
         return pause
-    except BaseException:
+    except (Exception, asyncio.CancelledError):
+        # Not BaseException: a coroutine closed by GeneratorExit (its task destroyed with the loop)
+        # must not await again, or Python turns the close into a RuntimeError.
         member.group = None
         await asyncio.shield(handover.call("close", key))
         raise

@@ -262,19 +262,21 @@ class Engine:
         to a core that died never answers, and nothing else may be asking it (no generation running)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        llm = self.llm  # shutdown() drops it: a call begun on this life keeps watching this life
         task = asyncio.ensure_future(call)
         while True:
             done, _ = await asyncio.wait([task], timeout=0.25)
             if done:
                 return task.result()
-            if self.llm.errored:
+            if llm.errored or self.llm is not llm:
                 task.cancel()
                 raise EngineDeadError("the vLLM engine core died during a weight load")
 
     async def _swap(self, version: int, load) -> float:
         async with self._lock:
             t0 = time.perf_counter()
-            await self.llm.pause_generation(mode="keep", clear_cache=True)
+            # Pause and resume are calls to the core too: on a core that died they never answer.
+            await self._unless_dead(self.llm.pause_generation(mode="keep", clear_cache=True))
             try:
                 await load()
                 # Tokens sampled before the pause keep the old version even if their stream reads them
@@ -284,8 +286,8 @@ class Engine:
                         self._cuts[rid].append((sampled, self.version))
                 self.version = version
             finally:
-                if not self.weights_lost:
-                    await self.llm.resume_generation()
+                if not self.weights_lost and self.llm is not None and not self.llm.errored:
+                    await self._unless_dead(self.llm.resume_generation())
             return time.perf_counter() - t0
 
     def healthy(self) -> bool:

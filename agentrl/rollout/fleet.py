@@ -192,8 +192,11 @@ class EngineFleet:
                 pause = await load_into(member, handover, version)
             except Exception as exc:
                 # Reported here, not by the caller: a load that fails after the push's deadline has
-                # stopped the caller's wait must still get a dead engine restarted.
-                await self.report_failure(member, exc)
+                # stopped the caller's wait must still get a dead engine restarted. A load begun on an
+                # engine life that a restart has since replaced reports nothing: its failure is the old
+                # engine's, and blaming the new one would restart a healthy engine.
+                if member.epoch == epoch:
+                    await self.report_failure(member, exc)
                 raise
             if member.epoch == epoch:
                 self._set_member_version(member, version)
