@@ -145,8 +145,9 @@ class Engine:
 
         # One worker runs inside the engine-core process instead of a third process of its own: vLLM's CPU
         # platform turns the string "uni" back into "mp", so the executor class is named. Each spawned
-        # process re-imports torch and vLLM; this one fewer halves an engine's start on CPU (33 s -> 16 s
-        # on a 2-core machine, bench/engine_start.py). Tensor parallelism needs the multiprocess workers.
+        # process re-imports torch and vLLM; with one fewer an engine serves its first request 12 s sooner
+        # on a 2-core machine (47 s -> 35 s, the import included; bench/engine_start.py). Tensor
+        # parallelism needs the multiprocess workers.
         single = {}
         if tensor_parallel_size == 1:
             from vllm.v1.executor.uniproc_executor import UniProcExecutor
