@@ -23,7 +23,7 @@ buffer.batch_size=8` (and the 2-step warm start when it builds the default model
 `--max_steps 2 --batch_size 4 --micro_batch_size 4 --max_samples 64` (and `--lora_rank 4` when the block
 merges their adapter with `agentrl.lora_merge --lora <their --out>`); `examples/pipeline/run.sh` runs with
 RL_STEPS=2 SFT_STEPS=2 RM_STEPS=2 SAMPLES=1. A command that is the same as an earlier one once shrunk
-(`RL_STEPS=120 bash examples/pipeline/run.sh`) is skipped, naming the one that ran.
+in the same block (`RL_STEPS=120 bash examples/pipeline/run.sh`) is skipped, naming the one that ran.
 
 Servers. A command of a module that serves HTTP (doc_blocks.SERVERS: agentrl.serve,
 rewards.servers.tools, rewards.servers.verifier) with a `--port` flag is a server:
@@ -196,8 +196,8 @@ def test_documented_command(cmd: Command, docrun: DocRun):
         plan = adapt(cmd, sys.executable)
     except CannotAdapt as exc:
         pytest.fail(str(exc))
-    key = (plan.script, tuple(sorted(plan.env.items())))
-    if key in docrun.seen:
+    key = (cmd.block, plan.script, tuple(sorted(plan.env.items())))
+    if key in docrun.seen and plan.kind != "server":
         pytest.skip(f"{cmd.id}: same as {docrun.seen[key]} at a tiny size")
     docrun.seen[key] = cmd.id
     block = docrun.block(cmd)
