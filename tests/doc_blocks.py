@@ -10,11 +10,20 @@ just above the fence (invisible in the rendered page):
     <!-- doc-test: not runnable here: REASON -->                 every command of the block
     <!-- doc-test: not runnable here (`PREFIX`): REASON -->      the block's commands starting with PREFIX
 
+A block or a command another test already runs (at any size) points at that test instead; the doc test
+then only checks, without running anything, that the test exists and its file names what the command
+runs (`distinguishing`: the `--config` yaml of `agentrl.train`, the module of another `python -m`, the
+script of `bash SCRIPT`):
+
+    <!-- doc-test: run by tests/FILE.py::TEST -->                the block
+    <!-- doc-test: run by tests/FILE.py::TEST (`PREFIX`) -->     the block's commands starting with PREFIX
+
 An unmarked command no rule below adapts is a failure naming its file:line (`CannotAdapt`).
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -24,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 MARKER = re.compile(r"<!--\s*doc-test:(.*?)-->")
 MARKER_BODY = re.compile(r"\s*not runnable here(?:\s*\(`(?P<prefix>[^`]+)`\))?:\s*(?P<reason>\S.*?)\s*$")
+RUN_BY_BODY = re.compile(r"\s*run by (?P<test>tests/[\w/]+\.py::\w+)(?:\s*\(`(?P<prefix>[^`]+)`\))?\s*$")
 FENCE_OPEN = re.compile(r"^(?P<indent>\s*)```bash\s*$")
 FENCE_CLOSE = re.compile(r"^\s*```\s*$")
 INSTALL = re.compile(r"^\./scripts/install\.sh\s*&&\s*")
@@ -55,6 +65,7 @@ class Command:
     text: str                  # as documented: continuation lines joined, comment and install prefix dropped
     block: str                 # file:line of the fence (yaml files: the file itself)
     skip: str | None = None    # the marker's reason
+    run_by: str | None = None  # tests/FILE.py::TEST that runs it instead
     background: bool = False   # the line ends in `&`
     block_text: str = ""       # the whole block, for placeholders the block names
 
@@ -92,21 +103,27 @@ def doc_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "examples").glob("**/README.md"))]
 
 
-def parse_markers(lines: list[str], fence: int, where: str) -> tuple[str | None, list[tuple[str, str]]]:
-    """The markers on the lines just above the fence at index `fence`: (block reason, [(prefix, reason)])."""
+def parse_markers(lines: list[str], fence: int, where: str) -> tuple[tuple | None, list[tuple[str, tuple]]]:
+    """The markers on the lines just above the fence at index `fence`: (block rule, [(prefix, rule)]),
+    a rule being ("skip", reason) or ("run_by", "tests/FILE.py::TEST")."""
     block, prefixes = None, []
     i = fence - 1
     while i >= 0 and MARKER.search(lines[i]):
         for body in MARKER.findall(lines[i]):
             m = MARKER_BODY.fullmatch(body)
-            if not m:
+            r = RUN_BY_BODY.fullmatch(body)
+            if not (m or r):
                 raise CannotAdapt(f"{where}:{i + 1}: unreadable doc-test marker {body.strip()!r}; write "
-                                  "`<!-- doc-test: not runnable here: REASON -->` or "
-                                  "`<!-- doc-test: not runnable here (`PREFIX`): REASON -->`")
-            if m["prefix"]:
-                prefixes.append((m["prefix"], m["reason"]))
+                                  "`<!-- doc-test: not runnable here: REASON -->`, "
+                                  "`<!-- doc-test: not runnable here (`PREFIX`): REASON -->`, "
+                                  "`<!-- doc-test: run by tests/FILE.py::TEST -->` or "
+                                  "`<!-- doc-test: run by tests/FILE.py::TEST (`PREFIX`) -->`")
+            rule = ("skip", m["reason"]) if m else ("run_by", r["test"])
+            prefix = (m or r)["prefix"]
+            if prefix:
+                prefixes.append((prefix, rule))
             else:
-                block = m["reason"]
+                block = rule
         i -= 1
     return block, prefixes
 
@@ -128,7 +145,7 @@ def collect_markdown(path: Path, root: Path = ROOT) -> list[Command]:
             i += 1
             continue
         fence = i
-        block_reason, prefixes = parse_markers(lines, fence, rel)
+        block_rule, prefixes = parse_markers(lines, fence, rel)
         body_start = i + 1
         j = body_start
         while j < len(lines) and not FENCE_CLOSE.match(lines[j]):
@@ -151,12 +168,14 @@ def collect_markdown(path: Path, root: Path = ROOT) -> list[Command]:
             cmd.background = text.endswith("&") and not text.endswith("&&")
             if cmd.background:
                 cmd.text = text[:-1].rstrip()
-            cmd.skip = block_reason
-            for prefix, reason in prefixes:
+            rule = block_rule
+            for prefix, prefix_rule in prefixes:
                 if cmd.text.startswith(prefix):
-                    cmd.skip = reason
+                    rule = prefix_rule
+            if rule:
+                setattr(cmd, rule[0], rule[1])
             cmds.append(cmd)
-        for prefix, reason in prefixes:
+        for prefix, _ in prefixes:
             if not any(c.text.startswith(prefix) for c in cmds):
                 raise CannotAdapt(f"{block_id}: the marker's prefix `{prefix}` starts none of the block's commands")
         out += cmds
@@ -170,7 +189,7 @@ def collect(root: Path = ROOT) -> list[Command]:
     trained = set()
     for c in cmds:
         m = re.search(r"agentrl\.train\b.*?--config\s+(\S+)", c.text)
-        if m:  # a marked one too: its marker gives the reason the yaml is not run
+        if m:  # a marked one too: its marker says why the yaml is not run here
             trained.add(m[1])
     for yaml in sorted((root / "examples" / "agents").glob("*.yaml")):
         rel = yaml.relative_to(root).as_posix()
@@ -286,3 +305,39 @@ def adapt(cmd: Command, python: str) -> Plan:
         return Plan("server", " ".join(quote(t) for t in head + args), port=int(_flag_value(args, "--port")),
                     probe=SERVERS[module])
     raise CannotAdapt(f"{cmd.id}: no rule runs `{cmd.text}` at a tiny size (mark it: see tests/doc_blocks.py)")
+
+
+def distinguishing(cmd: Command) -> str:
+    """What a test that runs `cmd` must name: the `--config` yaml of `agentrl.train` (the module when it
+    has none), the module of another `python -m`, the script of `bash SCRIPT`."""
+    try:
+        argv = shlex.split(cmd.text)
+    except ValueError as exc:
+        raise CannotAdapt(f"{cmd.id}: cannot parse `{cmd.text}`: {exc}") from None
+    while argv and re.fullmatch(r"[A-Za-z_]\w*=.*", argv[0]):
+        argv.pop(0)
+    if argv[:1] == ["bash"] and len(argv) > 1:
+        return Path(argv[1]).name
+    if len(argv) > 2 and re.fullmatch(r"(?:\.venv/bin/)?python3?", argv[0]) and argv[1] == "-m":
+        if argv[2] == "agentrl.train" and _flag_value(argv[3:], "--config"):
+            return _flag_value(argv[3:], "--config")
+        return argv[2]
+    raise CannotAdapt(f"{cmd.id}: `{cmd.text}` is marked run by {cmd.run_by}, but it is neither "
+                      "`python -m MODULE ...` nor `bash SCRIPT`: nothing to look for in that test")
+
+
+def check_run_by(cmd: Command, root: Path = ROOT) -> str | None:
+    """Why `cmd.run_by` does not point at a test that runs `cmd` (None when it does). Cheap: reads the
+    test file, runs nothing."""
+    file, _, name = cmd.run_by.partition("::")
+    path = root / file
+    if not path.is_file():
+        return f"{cmd.id}: marked run by {cmd.run_by}, but there is no {file}"
+    text = path.read_text()
+    tests = {node.name for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if name not in tests:
+        return f"{cmd.id}: marked run by {cmd.run_by}, but {file} has no function {name}"
+    needle = distinguishing(cmd)
+    if needle not in text:
+        return f"{cmd.id}: marked run by {cmd.run_by}, but {file} never names {needle!r} (`{cmd.text}`)"
+    return None

@@ -39,6 +39,16 @@ else on stdout; the pipeline's PPO stage trained 2 steps and it printed its summ
 Not runnable here: a marker in the markdown just above the fence (see tests/doc_blocks.py) skips the
 block, or the block's commands starting with a prefix, with its reason (listed by `pytest -ra`). An
 unmarked command no rule adapts fails, naming its file:line.
+
+Run by another test: the doc test runs only what no other test runs. A command another test already
+runs (the same CLI on the same config, at any size) is marked `<!-- doc-test: run by
+tests/FILE.py::TEST -->` (or with a `(`PREFIX`)`), and an examples/agents/*.yaml no README command trains
+is pointed at its test by YAML_RUN_BY here. Such a command is not run: it is skipped with "run by
+TEST" (`pytest -ra` lists it) once a cheap check passes: TEST is a function of tests/FILE.py and that
+file names the command's `--config` yaml (`agentrl.train`), its module (another `python -m`) or its
+script (`bash SCRIPT`). A wrong pointer fails. Kept running: the first command, on the empty cache
+(the only CLI run that builds the default model cold), examples/pipeline/run.sh, and whatever no other
+test runs.
 """
 
 from __future__ import annotations
@@ -62,7 +72,16 @@ from tests import doc_blocks
 from tests.doc_blocks import ROOT, STEPS, CannotAdapt, Command, adapt
 
 pytestmark = pytest.mark.e2e
+
+# examples/agents/*.yaml no README command trains, that another test trains (at any size): checked, not run.
+YAML_RUN_BY = {
+    "examples/agents/arithmetic.yaml": "tests/test_e2e.py::test_on_policy_training_with_staleness_0",
+    "examples/agents/custom_env.yaml": "tests/test_e2e.py::test_custom_env_example_runs",
+}
 COMMANDS = doc_blocks.collect()
+for _cmd in COMMANDS:
+    if _cmd.file in YAML_RUN_BY:
+        _cmd.run_by = YAML_RUN_BY[_cmd.file]
 TIMEOUT_S = 900
 
 
@@ -190,6 +209,14 @@ def lines(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[c.id for c in COMMANDS])
 def test_documented_command(cmd: Command, docrun: DocRun):
+    if cmd.run_by:
+        try:
+            wrong = doc_blocks.check_run_by(cmd)
+        except CannotAdapt as exc:
+            wrong = str(exc)
+        if wrong:
+            pytest.fail(wrong)
+        pytest.skip(f"{cmd.id}: run by {cmd.run_by}")
     if cmd.skip:
         pytest.skip(f"{cmd.id}: not runnable here: {cmd.skip}")
     try:
@@ -260,6 +287,27 @@ def run_plan(cmd: Command, plan, block: Block, env: dict) -> None:
         raise AssertionError(plan.kind)
 
 
+def test_every_yaml_pointer_is_an_example_no_readme_trains():
+    collected = {c.file for c in COMMANDS if c.file.endswith(".yaml")}
+    assert set(YAML_RUN_BY) <= collected, set(YAML_RUN_BY) - collected
+
+
+def test_a_run_by_pointer_is_checked(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        'CFG = "examples/agents/a.yaml"\ndef test_a():\n    run("agentrl.serve", CFG)\n')
+    def cmd(text, test):
+        return Command("R", 1, text, "R", run_by=test)
+    check = lambda c: doc_blocks.check_run_by(c, tmp_path)
+    assert check(cmd("python -m agentrl.train --config examples/agents/a.yaml x=1", "tests/test_x.py::test_a")) is None
+    assert check(cmd("python -m agentrl.serve --port 1", "tests/test_x.py::test_a")) is None
+    assert "never names 'examples/agents/b.yaml'" in check(
+        cmd("python -m agentrl.train --config examples/agents/b.yaml", "tests/test_x.py::test_a"))
+    assert "never names 'run.sh'" in check(cmd("REWARD=rm bash examples/pipeline/run.sh", "tests/test_x.py::test_a"))
+    assert "has no function test_b" in check(cmd("python -m agentrl.serve", "tests/test_x.py::test_b"))
+    assert "there is no tests/test_y.py" in check(cmd("python -m agentrl.serve", "tests/test_y.py::test_a"))
+
+
 def test_the_collector_reads_every_doc(tmp_path):
     """Cheap checks of the collector itself: continuation lines, comments, markers, and the yaml files."""
     (tmp_path / "examples" / "x").mkdir(parents=True)
@@ -272,16 +320,21 @@ def test_the_collector_reads_every_doc(tmp_path):
         "<!-- doc-test: not runnable here: needs a GPU -->\n```bash\n./scripts/install.sh && python -m x '#no'\n```\n")
     (tmp_path / "examples" / "x" / "README.md").write_text(
         "<!-- doc-test: not runnable here (`ray start`): a second machine -->\n"
-        "```bash\nray start --head\npython -m agentrl.sft --model m --out o\n```\n")
+        "<!-- doc-test: run by tests/test_s.py::test_sft (`python -m agentrl.sft --model x`) -->\n"
+        "```bash\nray start --head\npython -m agentrl.sft --model m --out o\n"
+        "python -m agentrl.sft --model x --out o\n```\n"
+        "<!-- doc-test: run by tests/test_r.py::test_r -->\n```bash\npython -m agentrl.rm --out r\n```\n")
     cmds = doc_blocks.collect(tmp_path)
-    got = [(c.id, c.text, c.background, c.skip) for c in cmds]
+    got = [(c.id, c.text, c.background, c.skip, c.run_by) for c in cmds]
     assert got == [
-        ("README.md:3", "python -m agentrl.train --config examples/agents/a.yaml a.b=1", False, None),
-        ("README.md:5", "python -m rewards.servers.tools --port 8765", True, None),
-        ("README.md:9", "python -m x '#no'", False, "needs a GPU"),
-        ("examples/x/README.md:3", "ray start --head", False, "a second machine"),
-        ("examples/x/README.md:4", "python -m agentrl.sft --model m --out o", False, None),
-        ("examples/agents/b.yaml:1", "python -m agentrl.train --config examples/agents/b.yaml", False, None),
+        ("README.md:3", "python -m agentrl.train --config examples/agents/a.yaml a.b=1", False, None, None),
+        ("README.md:5", "python -m rewards.servers.tools --port 8765", True, None, None),
+        ("README.md:9", "python -m x '#no'", False, "needs a GPU", None),
+        ("examples/x/README.md:4", "ray start --head", False, "a second machine", None),
+        ("examples/x/README.md:5", "python -m agentrl.sft --model m --out o", False, None, None),
+        ("examples/x/README.md:6", "python -m agentrl.sft --model x --out o", False, None, "tests/test_s.py::test_sft"),
+        ("examples/x/README.md:10", "python -m agentrl.rm --out r", False, None, "tests/test_r.py::test_r"),
+        ("examples/agents/b.yaml:1", "python -m agentrl.train --config examples/agents/b.yaml", False, None, None),
     ]
     plan = adapt(cmds[4], "/py")
     assert plan.kind == "stage" and plan.out_dir == "o" and "--max_steps 2" in plan.script
