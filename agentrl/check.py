@@ -44,6 +44,7 @@ from agentrl.rollout.engine import Generation
 from agentrl.rollout.round_trip import RoundTrip, decode, round_trip
 from agentrl.startup import Prepared, input_error, load_model_format, prepare, start_agent_server, stop_agent_server
 from agentrl.types import TRAINABLE_STATUSES, Episode
+from agentrl.process_exit import run_and_exit
 
 DEFAULT_REPLY = "42"
 LABEL_WIDTH = 40
@@ -373,4 +374,4 @@ def check(args: argparse.Namespace, out: TextIO) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

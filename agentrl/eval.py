@@ -25,6 +25,7 @@ from agentrl.config import Config, ConfigError, load_config
 from agentrl.startup import (Prepared, input_error, load_model_format, prepare, start_agent_server, stop_agent_server,
                              stop_workers)
 from agentrl.types import Episode
+from agentrl.process_exit import run_and_exit
 
 log = logging.getLogger("agentrl")
 
@@ -203,4 +204,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from agentrl.config import ConfigError
+from agentrl.process_exit import run_and_exit
 
 ADAPTER_CONFIG = "adapter_config.json"
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -124,4 +124,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import shutil
 import sys
+from agentrl.process_exit import run_and_exit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -191,4 +192,4 @@ def _prepare_default(settings: list[str], sft_steps: int | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

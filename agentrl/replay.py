@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import math
-import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ from agentrl.rollout.records import episode_from_record, episode_to_record, read
 from agentrl.files import atomic_write
 from agentrl.startup import input_error
 from agentrl.types import TRAINABLE_STATUSES, Episode
+from agentrl.process_exit import run_and_exit
 
 RESCORED = ("ok", "truncated", "reward_error")  # saved statuses whose episodes are scored again
 MAX_CONCURRENT = 32  # episodes scored at once (each source has its own cap as well)
@@ -183,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

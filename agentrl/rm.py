@@ -5,9 +5,9 @@
 Options and data formats: agentrl.stage_cli and agentrl.config.stages.
 """
 
-import sys
 
 from agentrl.stage_cli import main
+from agentrl.process_exit import run_and_exit
 
 if __name__ == "__main__":
-    sys.exit(main("rm"))
+    run_and_exit(main, "rm")

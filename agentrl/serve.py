@@ -24,6 +24,7 @@ import sys
 
 from agentrl.config import ConfigError, load_config
 from agentrl.startup import check_model_path, input_error, load_model_format
+from agentrl.process_exit import run_and_exit
 
 log = logging.getLogger("agentrl")
 
@@ -97,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

@@ -19,6 +19,7 @@ from typing import Any
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.config.inert import inert_settings
 from agentrl.metrics import print_summary, setup_logging
+from agentrl.process_exit import run_and_exit
 from agentrl.run import RLRun
 from agentrl.startup import Prepared, input_error, prepare
 
@@ -75,4 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_exit(main)

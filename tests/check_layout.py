@@ -32,7 +32,7 @@ LIBRARY = ("agentrl", "envs", "rewards")  # what the tier and circle rules cover
 # keeps the arrows one-way. The README's layout section lists the same units.
 TIERS: tuple[tuple[str, ...], ...] = (
     ("agentrl", "agentrl.types", "agentrl.algo", "agentrl.faults", "agentrl.tracebacks", "agentrl.stdio",
-     "agentrl.files", "agentrl.plot", "agentrl.tool_formats", "agentrl.padding"),  # leaves: nothing of the project
+     "agentrl.files", "agentrl.plot", "agentrl.tool_formats", "agentrl.padding", "agentrl.process_exit"),  # leaves: nothing of the project
     ("agentrl.config",),  # the validated tree
     ("agentrl.http_common", "agentrl.chat", "agentrl.trackers", "agentrl.collective", "agentrl.buffer",
      "agentrl.learning_signal", "agentrl.metrics"),

@@ -197,7 +197,8 @@ def test_smollm2_quiz_example_short(tmp_path, smollm2_dir):
     through the whole path (template, multi-turn ledger, sampling, pushes)."""
     res = run_cli(tmp_path, "smollm2-135m-instruct", "--config", "examples/agents/smollm2_quiz.yaml",
                   "train.steps=2", "data.eval_tasks=8", "buffer.max_staleness=0", "rollout.top_p=0.9",
-                  "train.save_model=false")
+                  # one task's group of 8 a step, and no eval after: the path under test is the same
+                  "buffer.batch_size=8", "train.save_model=false", "train.eval_after=false")
     records = res["records"]
     assert len(records) == 2
     for rec in records:

@@ -18,6 +18,8 @@ instead of waiting for ever (`_unless_dead`).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import gc
 import itertools
 import logging
@@ -44,18 +46,41 @@ def exit_with_parent() -> None:
     with SIGKILL runs no shutdown, and vLLM's engine core would otherwise live on as an orphan holding
     a core (or a GPU) and the run's output pipes. The parent's sentinel becomes ready when the parent
     exits, however it exits. A no-op in a process no multiprocessing parent started (the driver, a
-    Ray actor)."""
+    Ray actor).
+
+    It also freezes the garbage collector's heap at exit (the last exit hook to run, being the first
+    registered): a spawned process exits through the interpreter's full finalization, whose final
+    collection scans vLLM's and torch's millions of objects for longer than the 5 s vLLM's shutdown
+    waits before it kills the process, so every engine shutdown cost 5 s. ROCm's path in vLLM does the
+    same (`gc.freeze()` before a clean exit)."""
     global _watching
     parent = multiprocessing.parent_process()
     if parent is None or _watching:
         return
     _watching = True
+    atexit.register(gc.freeze)
 
     def watch() -> None:
         parent.join()
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="agentrl-exit-with-parent", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _worker_threads(config, single_process: bool):
+    """The OpenMP settings vLLM's multiprocess executor gives its CPU worker (threads bound to the cores
+    it keeps for the model, one core left to the rest), here given to the engine-core process that runs
+    the worker itself: it inherits them when it is spawned inside this block."""
+    from vllm.platforms import current_platform
+
+    if not (single_process and current_platform.is_cpu()):
+        yield
+        return
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    with OMPProcessManager(config).configure_omp_envs(rank=0, local_rank=0):
+        yield
 
 
 class WeightReceiver:
@@ -118,6 +143,16 @@ class Engine:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # One worker runs inside the engine-core process instead of a third process of its own: vLLM's CPU
+        # platform turns the string "uni" back into "mp", so the executor class is named. Each spawned
+        # process re-imports torch and vLLM; with one fewer an engine serves its first request 12 s sooner
+        # on a 2-core machine (47 s -> 35 s, the import included; bench/engine_start.py). Tensor
+        # parallelism needs the multiprocess workers.
+        single = {}
+        if tensor_parallel_size == 1:
+            from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+            single = {"distributed_executor_backend": UniProcExecutor}
         args = AsyncEngineArgs(
             model=model_path, tokenizer=model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
@@ -131,9 +166,11 @@ class Engine:
             # has no offset to rewind), so prompts are always prefilled whole.
             enable_chunked_prefill=False,
             # logprobs after temperature scaling: the distribution tokens were actually sampled from
-            logprobs_mode="processed_logprobs",
+            logprobs_mode="processed_logprobs", **single,
         )
-        return cls(AsyncLLM.from_engine_args(args), eos_id)
+        config = args.create_engine_config()
+        with _worker_threads(config, single_process=bool(single)):
+            return cls(AsyncLLM.from_vllm_config(config, disable_log_stats=True), eos_id)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None) -> Generation:

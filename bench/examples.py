@@ -1,0 +1,145 @@
+"""Every shipped example, run as its README gives it, one after another: held-out score before and after
+RL, and the minutes each took (model preparation included when the cache is cold).
+
+    python bench/examples.py                                  # all of them (about an hour on 2 cores)
+    python bench/examples.py --only arithmetic,custom_env     # some
+    python bench/examples.py --cache /tmp/cold                # from an empty AGENTRL_CACHE
+
+Each run is a subprocess, `python -m agentrl.train --config examples/agents/<name>.yaml` (the tool
+examples with the reference tool server started first, as the README says), or `bash
+examples/pipeline/run.sh`; its summary.json gives the scores. The examples run one at a time: two at
+once on 2 cores would each take about twice as long. The table goes to stdout (markdown, for the
+README); progress and each run's log tail on failure go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import ROOT, progress
+
+TOOL_PORT = 8765
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    what: str  # what it is there to show
+    tool_server: bool = False  # the reference tool server must be up (rewards.servers.tools)
+
+    @property
+    def config(self) -> str:
+        return f"examples/agents/{self.name}.yaml"
+
+
+EXAMPLES = (
+    Example("guess_number", "the main job: multi-turn, embedded default model"),
+    Example("custom_env", "a user-written Env with its own warm start"),
+    Example("arithmetic", "single-turn verifiable env, rule reward"),
+    Example("calculator", "multi-turn tool use through a remote tool server", tool_server=True),
+    Example("openai_agent", "plain openai agent code through the OpenAI endpoint", tool_server=True),
+    Example("openenv", "an OpenEnv server's environment"),
+    Example("reasoning_gym", "a reasoning-gym dataset on SmolLM2-135M"),
+    Example("verifiers", "a verifiers environment through the OpenAI endpoint"),
+    Example("smollm2_quiz", "a real pretrained model (SmolLM2-135M) on a multi-turn quiz"),
+)
+PIPELINE = "pipeline"  # examples/pipeline/run.sh: SFT -> RM -> PPO
+
+
+def wait_port(port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f}s")
+
+
+@contextlib.contextmanager
+def tool_server(env: dict[str, str]):
+    proc = subprocess.Popen([sys.executable, "-m", "rewards.servers.tools", "--port", str(TOOL_PORT)], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(TOOL_PORT)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def run(cmd: list[str], env: dict[str, str], log: Path) -> None:
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{tail}")
+
+
+def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -> tuple[float, float]:
+    cmd = [sys.executable, "-m", "agentrl.train", "--config", ex.config, f"train.out_dir={out}", *extra]
+    with tool_server(env) if ex.tool_server else contextlib.nullcontext():
+        run(cmd, env, out.with_suffix(".log"))
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["eval_before"]["score"], summary["eval_after"]["score"]
+
+
+def run_pipeline(out: Path, env: dict[str, str]) -> tuple[float, float]:
+    """The pipeline's own held-out eval (examples/pipeline/run.sh's eval stages): after SFT, after PPO."""
+    run(["bash", "examples/pipeline/run.sh"], {**env, "OUT": str(out)}, out.with_suffix(".log"))
+    before = json.loads((out / "eval_sft.json").read_text())["score"]
+    after = json.loads((out / "eval_ppo.json").read_text())["score"]
+    return before, after
+
+
+def main() -> None:
+    names = [ex.name for ex in EXAMPLES] + [PIPELINE]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(names)}")
+    ap.add_argument("--out", default="runs/bench_examples", help="where the runs are written")
+    ap.add_argument("--cache", default="", help="AGENTRL_CACHE for the runs (empty folder = cold cache)")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides passed to every agentrl.train run")
+    args = ap.parse_args()
+    chosen = [n for n in (args.only.split(",") if args.only else names) if n]
+    unknown = sorted(set(chosen) - set(names))
+    if unknown:
+        ap.error(f"unknown example(s) {unknown}; known: {names}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if args.cache:
+        env["AGENTRL_CACHE"] = str(Path(args.cache).resolve())
+    out_root = Path(args.out).resolve()
+    out_root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in chosen:
+        out = out_root / name
+        progress(f"{name}: running (log {out.with_suffix('.log')})")
+        t0 = time.perf_counter()
+        try:
+            if name == PIPELINE:
+                before, after = run_pipeline(out, env)
+            else:
+                ex = next(e for e in EXAMPLES if e.name == name)
+                before, after = run_example(ex, out, env, args.overrides)
+            minutes = (time.perf_counter() - t0) / 60
+            rows.append((name, f"{before:.3f}", f"{after:.3f}", f"{after - before:+.3f}", f"{minutes:.1f}"))
+            progress(f"{name}: {before:.3f} -> {after:.3f} in {minutes:.1f} min")
+        except Exception as exc:  # one failing example does not hide the others' numbers
+            minutes = (time.perf_counter() - t0) / 60
+            rows.append((name, "failed", "failed", "", f"{minutes:.1f}"))
+            progress(f"{name}: FAILED: {exc}")
+    print("| example | held-out before | after | gain | minutes |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+if __name__ == "__main__":
+    main()
