@@ -47,7 +47,7 @@ TINY_TRAIN = ["train.steps=2", "data.eval_tasks=4", "rollout.n_samples=4", "buff
               "train.eval_every=0", "train.checkpoint_every=0"]
 TINY_STAGE = {"--max_steps": "2", "--batch_size": "4", "--micro_batch_size": "4", "--warmup_steps": "0",
               "--max_samples": "64", "--eval_every": "0"}
-TINY_PIPELINE = {"RL_STEPS": "2", "SFT_STEPS": "2", "RM_STEPS": "2", "SAMPLES": "1"}
+TINY_PIPELINE = {"RL_STEPS": "2", "SFT_STEPS": "2", "RM_STEPS": "2", "SAMPLES": "1", "EVAL_TASKS": "4"}
 STEPS = 2
 STAGES = ("agentrl.sft", "agentrl.rm", "agentrl.prm", "agentrl.dpo", "agentrl.kto")
 # Modules that serve HTTP on `--port`, and the GET that answers once they are ready.

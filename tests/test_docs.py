@@ -22,7 +22,7 @@ Tiny size (doc_blocks.TINY_*): `agentrl.train` gets `train.steps=2 data.eval_tas
 buffer.batch_size=8` (and the 2-step warm start when it builds the default model); the stage CLIs
 `--max_steps 2 --batch_size 4 --micro_batch_size 4 --max_samples 64` (and `--lora_rank 4` when the block
 merges their adapter with `agentrl.lora_merge --lora <their --out>`); `examples/pipeline/run.sh` runs with
-RL_STEPS=2 SFT_STEPS=2 RM_STEPS=2 SAMPLES=1. A command that is the same as an earlier one once shrunk
+RL_STEPS=2 SFT_STEPS=2 RM_STEPS=2 SAMPLES=1 EVAL_TASKS=4. A command that is the same as an earlier one once shrunk
 in the same block (`RL_STEPS=120 bash examples/pipeline/run.sh`) is skipped, naming the one that ran.
 
 Servers. A command of a module that serves HTTP (doc_blocks.SERVERS: agentrl.serve,
