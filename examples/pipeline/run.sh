@@ -5,7 +5,7 @@
 #   RL_STEPS=400 bash examples/pipeline/run.sh    # a longer RL stage
 #
 # Variables: OUT (runs/pipeline), RL_STEPS (40), SFT_STEPS (300), RM_STEPS (150), SAMPLES (4, the
-# held-out eval's samples per task), REWARD (env+rm: the env's reward + 0.1 x the RM's score; rm: the RM's
+# held-out eval's samples per task), EVAL_TASKS (128, its tasks, and PPO's in-run evals'), REWARD (env+rm: the env's reward + 0.1 x the RM's score; rm: the RM's
 # score alone, which PPO learns to game), PYTHON (.venv/bin/python when there is one, else python).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,6 +15,7 @@ RL_STEPS=${RL_STEPS:-40}
 SFT_STEPS=${SFT_STEPS:-300}
 RM_STEPS=${RM_STEPS:-150}
 SAMPLES=${SAMPLES:-4}
+EVAL_TASKS=${EVAL_TASKS:-128}
 REWARD=${REWARD:-env+rm}
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
@@ -44,7 +45,7 @@ stage sft "$PYTHON" -m agentrl.sft --model "$BASE" --dataset "$OUT/data/demos.js
   --out "$OUT/sft" --max_steps "$SFT_STEPS" --epochs 10 --batch_size 64 --micro_batch_size 64 --lr 2e-3 \
   --warmup_steps $((SFT_STEPS / 10)) --scheduler cosine --min_lr_ratio 0 --eval_fraction 0.02
 stage eval_sft "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/sft" \
-  --samples "$SAMPLES" --json "$OUT/eval_sft.json"
+  --samples "$SAMPLES" --json "$OUT/eval_sft.json" data.eval_tasks="$EVAL_TASKS"
 
 # 2. Reward model from the SFT model on the preference pairs (Bradley-Terry; 5 % held out).
 stage rm "$PYTHON" -m agentrl.rm --model "$OUT/sft" --dataset "$OUT/data/pairs.jsonl" --out "$OUT/rm" \
@@ -58,9 +59,9 @@ case "$REWARD" in
   *) echo "REWARD must be env+rm or rm, got $REWARD" >&2; exit 2 ;;
 esac
 stage ppo "$PYTHON" -m agentrl.train --config examples/pipeline/ppo.yaml model.path="$OUT/sft" \
-  "rewards.sources=$SOURCES" train.steps="$RL_STEPS" train.out_dir="$OUT/ppo"
+  "rewards.sources=$SOURCES" train.steps="$RL_STEPS" train.out_dir="$OUT/ppo" data.eval_tasks="$EVAL_TASKS"
 stage eval_ppo "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/ppo/model" \
-  --samples "$SAMPLES" --json "$OUT/eval_ppo.json"
+  --samples "$SAMPLES" --json "$OUT/eval_ppo.json" data.eval_tasks="$EVAL_TASKS"
 
 # Summary: the env's held-out score (success within 4 guesses) before and after RL, and the times.
 "$PYTHON" - "$OUT" <<'EOF'
@@ -71,7 +72,8 @@ times = dict(line.split() for line in (out / "times.txt").read_text().splitlines
 sft = json.loads((out / "sft" / "summary.json").read_text())
 rm = json.loads((out / "rm" / "summary.json").read_text())
 ppo = json.loads((out / "ppo" / "summary.json").read_text())
-print("\n=== pipeline summary (held-out: 128 tasks x %s samples, env reward) ===" % json.loads((out / "eval_sft.json").read_text())["samples"])
+ev = json.loads((out / "eval_sft.json").read_text())
+print("\n=== pipeline summary (held-out: %s tasks x %s samples, env reward) ===" % (ev["tasks"], ev["samples"]))
 print(f"SFT  {sft['steps']} steps, {times['sft']} s: held-out loss {sft['evals'][0]['eval/loss']:.3f} -> {sft['evals'][-1]['eval/loss']:.3f}")
 e = rm["evals"][-1]
 print(f"RM   {rm['steps']} steps, {times['rm']} s: held-out pair accuracy {e['eval/accuracy']:.3f}, margin {e['eval/margin']:.3f}")
