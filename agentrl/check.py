@@ -40,6 +40,7 @@ from collections import Counter
 from typing import Any, TextIO
 
 from agentrl.config import Config, ConfigError, load_config
+from agentrl.rollout.core_process import prestart_for
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.round_trip import RoundTrip, decode, round_trip
 from agentrl.startup import Prepared, input_error, load_model_format, prepare, start_agent_server, stop_agent_server
@@ -342,6 +343,7 @@ def check(args: argparse.Namespace, out: TextIO) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         cfg.cluster.backend, cfg.cluster.engines = "local", 1
+        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         cfg.train.resume = None  # a training setting; the check starts from the model folder
         prep = prepare(cfg)
     except ConfigError as exc:  # DataError included

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
+from agentrl.rollout.core_process import prestart_for
 from agentrl.startup import (Prepared, input_error, load_model_format, prepare, start_agent_server, stop_agent_server,
                              stop_workers)
 from agentrl.types import Episode
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         cfg = load_config(args.config, args.overrides)
+        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         if args.model:
             cfg.model.path = args.model
         cfg.train.resume = None  # a training setting; eval starts from the model folder

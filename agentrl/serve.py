@@ -23,6 +23,7 @@ import signal
 import sys
 
 from agentrl.config import ConfigError, load_config
+from agentrl.rollout.core_process import prestart_for
 from agentrl.startup import check_model_path, input_error, load_model_format
 from agentrl.process_exit import run_and_exit
 
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
     try:
         cfg = load_config(args.config, overrides)
+        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         cfg.model.path = None if args.model == "default" else args.model
         if cfg.model.path:
             check_model_path(cfg.model.path)

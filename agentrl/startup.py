@@ -153,7 +153,7 @@ def _load_tasks(cfg: Config, env_cls: type[Env]) -> tuple[list[Task], list[Task]
 
 
 async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
-    """(fleet, learner, weight sync) for the configured backend; the engines start first."""
+    """(fleet, learner, weight sync) for the configured backend."""
     from functools import partial
 
     from agentrl.learner.collective_push import LocalHub, RayHub
@@ -163,8 +163,20 @@ async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
     cluster, dtype, ws = cfg.cluster, push_dtype(cfg.engine.dtype), cfg.weight_sync
     if cluster.backend == "local":
         fleet = EngineFleet.local(model_path, cfg.engine, eos_id, cluster)
-        await fleet.start()
-        learner = await asyncio.to_thread(build_learner, cfg, model_path, tokenizer)
+        # The learner loads in a thread while the engines start: vLLM's start mostly waits on its
+        # engine-core process, which runs on the other core.
+        building = asyncio.ensure_future(asyncio.to_thread(build_learner, cfg, model_path, tokenizer))
+        await asyncio.sleep(0)  # the thread is under way before vLLM's start blocks this loop
+        try:
+            await fleet.start()
+        except BaseException:
+            await asyncio.gather(building, return_exceptions=True)  # no learner thread outlives the start
+            raise
+        try:
+            learner = await building
+        except BaseException:
+            await fleet.shutdown()  # the caller holds no fleet to stop yet
+            raise
         snapshot = partial(learner.state_dict_cpu, clone=False)
         hub = LocalHub(snapshot, dtype, ws.deadline_s, ws.bucket_mb << 20)
         publish = await pick_transport(ws.transport, fleet, hub)

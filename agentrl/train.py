@@ -20,6 +20,7 @@ from agentrl.config import Config, ConfigError, load_config
 from agentrl.config.inert import inert_settings
 from agentrl.metrics import print_summary, setup_logging
 from agentrl.process_exit import run_and_exit
+from agentrl.rollout.core_process import prestart_for
 from agentrl.run import RLRun
 from agentrl.startup import Prepared, input_error, prepare
 
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns on every in-place reload
     try:
         cfg = load_config(args.config, args.overrides)
+        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         for sentence in inert_settings(cfg):
             log.warning("%s", sentence)
         prep = prepare(cfg)

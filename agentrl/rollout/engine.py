@@ -18,16 +18,12 @@ instead of waiting for ever (`_unless_dead`).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import gc
 import itertools
 import logging
-import multiprocessing
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -37,49 +33,24 @@ from agentrl.config import EngineConfig
 log = logging.getLogger(__name__)
 
 
-_watching = False
-
-
-def exit_with_parent() -> None:
-    """A vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml), so vLLM runs it in
-    its engine-core and worker processes: such a process dies when its parent dies. A driver killed
-    with SIGKILL runs no shutdown, and vLLM's engine core would otherwise live on as an orphan holding
-    a core (or a GPU) and the run's output pipes. The parent's sentinel becomes ready when the parent
-    exits, however it exits. A no-op in a process no multiprocessing parent started (the driver, a
-    Ray actor).
-
-    It also freezes the garbage collector's heap at exit (the last exit hook to run, being the first
-    registered): a spawned process exits through the interpreter's full finalization, whose final
-    collection scans vLLM's and torch's millions of objects for longer than the 5 s vLLM's shutdown
-    waits before it kills the process, so every engine shutdown cost 5 s. ROCm's path in vLLM does the
-    same (`gc.freeze()` before a clean exit)."""
-    global _watching
-    parent = multiprocessing.parent_process()
-    if parent is None or _watching:
-        return
-    _watching = True
-    atexit.register(gc.freeze)
-
-    def watch() -> None:
-        parent.join()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="agentrl-exit-with-parent", daemon=True).start()
-
-
 @contextlib.contextmanager
-def _worker_threads(config, single_process: bool):
+def _single_process_core(config, single_process: bool):
     """The OpenMP settings vLLM's multiprocess executor gives its CPU worker (threads bound to the cores
     it keeps for the model, one core left to the rest), here given to the engine-core process that runs
-    the worker itself: it inherits them when it is spawned inside this block."""
+    the worker itself: it inherits them when it is started inside this block. That process is a fork of
+    a warm server (`agentrl.rollout.core_process`) except inside a Ray actor, where vLLM spawns."""
     from vllm.platforms import current_platform
+    from vllm.ray.lazy_utils import is_in_ray_actor
 
     if not (single_process and current_platform.is_cpu()):
         yield
         return
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
-    with OMPProcessManager(config).configure_omp_envs(rank=0, local_rank=0):
+    from agentrl.rollout.core_process import forked_engine_cores
+
+    forked = contextlib.nullcontext() if is_in_ray_actor() else forked_engine_cores()
+    with OMPProcessManager(config).configure_omp_envs(rank=0, local_rank=0), forked:
         yield
 
 
@@ -160,7 +131,7 @@ class Engine:
             # vLLM's RL weight-transfer interface with agentrl's torch.distributed backend (the collective
             # path, agentrl.rollout.weight_receiver); idle until a learner opens a group with it.
             weight_transfer_config={"backend": "agentrl"},
-            disable_log_stats=True, enable_prefix_caching=True, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enable_prefix_caching=True, max_num_batched_tokens=cfg.max_num_batched_tokens,
             tensor_parallel_size=tensor_parallel_size,
             # A prompt split across steps breaks per-request seeded sampling on CPU (the CPU generator
             # has no offset to rewind), so prompts are always prefilled whole.
@@ -169,7 +140,7 @@ class Engine:
             logprobs_mode="processed_logprobs", **single,
         )
         config = args.create_engine_config()
-        with _worker_threads(config, single_process=bool(single)):
+        with _single_process_core(config, single_process=tensor_parallel_size == 1):
             return cls(AsyncLLM.from_vllm_config(config, disable_log_stats=True), eos_id)
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
