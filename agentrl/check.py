@@ -343,11 +343,13 @@ def check(args: argparse.Namespace, out: TextIO) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         cfg.cluster.backend, cfg.cluster.engines = "local", 1
-        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         cfg.train.resume = None  # a training setting; the check starts from the model folder
         prep = prepare(cfg)
     except ConfigError as exc:  # DataError included
         return input_error(exc)
+    # Its input checked: the engine core's imports run on the other core while this process loads
+    # the rest (agentrl.rollout.core_process).
+    prestart_for(cfg.cluster.backend)
     tasks = (prep.train_tasks if args.split == "train" else prep.eval_tasks)[:args.tasks]
     task_problems = [p for p in (tasks_problem(prep.train_tasks, "train"), tasks_problem(prep.eval_tasks, "eval")) if p]
     replies = (args.reply or [DEFAULT_REPLY]) if args.policy == "scripted" else None

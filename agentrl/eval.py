@@ -178,13 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         cfg = load_config(args.config, args.overrides)
-        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         if args.model:
             cfg.model.path = args.model
         cfg.train.resume = None  # a training setting; eval starts from the model folder
         prep = prepare(cfg)
     except ConfigError as exc:  # DataError included
         return input_error(exc)
+    # Its input checked: the engine core's imports run on the other core while this process loads
+    # the rest (agentrl.rollout.core_process).
+    prestart_for(cfg.cluster.backend)
     import uvloop
 
     from agentrl.cluster import ClusterError

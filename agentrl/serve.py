@@ -78,12 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
     try:
         cfg = load_config(args.config, overrides)
-        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         cfg.model.path = None if args.model == "default" else args.model
         if cfg.model.path:
             check_model_path(cfg.model.path)
     except ConfigError as exc:
         return input_error(exc)
+    # Its input checked: the engine core's imports run on the other core while this process loads
+    # the rest (agentrl.rollout.core_process).
+    prestart_for(cfg.cluster.backend)
     if args.api_key is not None:  # as given: a YAML override would read "123" as a number
         cfg.server.api_key = args.api_key
     import uvloop

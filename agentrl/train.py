@@ -57,12 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM warns on every in-place reload
     try:
         cfg = load_config(args.config, args.overrides)
-        prestart_for(cfg.cluster.backend)  # the engine core imports vLLM while this process goes on
         for sentence in inert_settings(cfg):
             log.warning("%s", sentence)
         prep = prepare(cfg)
     except ConfigError as exc:  # DataError included
         return input_error(exc)
+    # Its input checked: the engine core's imports run on the other core while this process loads
+    # the rest (agentrl.rollout.core_process).
+    prestart_for(cfg.cluster.backend)
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

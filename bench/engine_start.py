@@ -1,8 +1,8 @@
 """An engine's start and shutdown on CPU: agentrl's `Engine.start` against the vLLM defaults it replaced.
 
-    python bench/engine_start.py [--model default] [--rounds 3]
+    python bench/engine_start.py [--model default] [--rounds 3] [--runs-only]
 
-Each round starts one engine per side, in a fresh process each (as a run, a test or an eval does),
+Engines alone. Each round starts one engine per side, in a fresh process each (as a run, a test or an eval does),
 alternating the order (A B, B A, ...):
   * vllm-defaults: the same engine arguments with vLLM's own choices on CPU: a multiprocess executor
     (the engine-core process spawns a worker process of its own) and agentrl's exit plugin left out
@@ -12,6 +12,15 @@ alternating the order (A B, B A, ...):
 Per side: seconds from the call to a served first request (`start`, the vLLM import included, as a
 command pays it), `shutdown` (AsyncLLM.shutdown until the engine's processes are gone) and the whole
 process's wall time. Prints the medians and their ratios.
+
+Whole runs. Then, per round, `python -m agentrl.train --config examples/agents/custom_env.yaml` at 2
+steps and 4 eval tasks (what a test or a dry run costs; the warm-started model is built first, outside
+the timing), twice in fresh processes:
+  * spawn: the engine core spawned by vLLM, which imports torch and vLLM after the command reaches it;
+  * fork server: the command starts the fork server as soon as its config is read
+    (`agentrl.rollout.core_process`), which imports them meanwhile on the other core; the engine core
+    is a fork of it.
+Prints the median whole-process wall time of each and their ratio.
 """
 
 from __future__ import annotations
@@ -26,6 +35,11 @@ import time
 from _common import ROOT, median, progress, resolve_model, table
 
 SIDES = ("vllm-defaults", "agentrl")
+RUN_SIDES = ("spawn", "fork server")
+RUN_ARGS = ["--config", "examples/agents/custom_env.yaml", "train.steps=2", "data.eval_tasks=4"]
+# The spawn side: the same command with the fork server left out (no prestart, vLLM's own context).
+SPAWN_ONLY = ("import contextlib, runpy, agentrl.rollout.core_process as c; c.prestart_for = lambda b: False; "
+              "c.forked_engine_cores = contextlib.nullcontext; runpy.run_module('agentrl.train', run_name='__main__')")
 
 
 def child(side: str, model: str) -> None:
@@ -73,14 +87,47 @@ def one(side: str, model: str) -> dict:
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "process": wall}
 
 
+def one_run(side: str, out: str) -> float:
+    head = ["-c", SPAWN_ONLY] if side == "spawn" else ["-m", "agentrl.train"]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *head, *RUN_ARGS, f"train.out_dir={out}"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"{side} run failed:\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - t0
+
+
+def whole_runs(rounds: int) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one_run("fork server", f"{tmp}/warm")  # builds the example's warm-started model, untimed
+        walls: dict[str, list[float]] = {s: [] for s in RUN_SIDES}
+        for r in range(rounds):
+            for side in (RUN_SIDES if r % 2 == 0 else RUN_SIDES[::-1]):
+                walls[side].append(one_run(side, f"{tmp}/{r}"))
+                progress(f"round {r + 1} {side}: run {walls[side][-1]:.1f}s")
+    med = {s: median(walls[s]) for s in RUN_SIDES}
+    rows = [[s, f"{med[s]:.1f}"] for s in RUN_SIDES] + [["spawn / fork server", f"{med['spawn'] / med['fork server']:.2f}x"]]
+    print(table(["side (median seconds)", "whole run"], rows,
+                f"python -m agentrl.train {' '.join(RUN_ARGS)} on {os.cpu_count()} cores, {rounds} rounds"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runs-only", action="store_true", help="only the whole runs")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         return child(args.child, args.model)
+    if not args.runs_only:
+        engines_alone(args)
+    whole_runs(args.rounds)
+
+
+def engines_alone(args: argparse.Namespace) -> None:
     model = resolve_model(args.model)
     runs: dict[str, list[dict]] = {s: [] for s in SIDES}
     for r in range(args.rounds):

@@ -73,7 +73,21 @@ def prestart() -> bool:
         return False
     multiprocessing.set_forkserver_preload(PRELOAD)
     multiprocessing.forkserver.ensure_running()
+    if not _stopping:
+        _stopping.append(atexit.register(_stop_server))
     return True
+
+
+_stopping: list = []
+
+
+def _stop_server() -> None:
+    """At exit, the server goes too: one still importing (a command that ended early, on an error)
+    would otherwise finish its imports first, holding this command's output pipes open meanwhile."""
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def prestart_for(backend: str) -> bool:
