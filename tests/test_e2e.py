@@ -197,10 +197,10 @@ def test_smollm2_quiz_example_short(tmp_path, smollm2_dir):
     through the whole path (template, multi-turn ledger, sampling, pushes)."""
     res = run_cli(tmp_path, "smollm2-135m-instruct", "--config", "examples/agents/smollm2_quiz.yaml",
                   "train.steps=2", "data.eval_tasks=4", "buffer.max_staleness=0", "rollout.top_p=0.9",
-                  # one task's group of 8 a step, 2 questions (not 3) an episode, and no eval after: the
-                  # path under test is the same, with a third fewer tokens for the 135M learner on CPU
-                  "data.task_kwargs={questions: 2, max_operand: 10}",
-                  "buffer.batch_size=8", "train.save_model=false", "train.eval_after=false")
+                  # one task's group of 4 a step, 2 questions (not 3) an episode, and no eval after: the
+                  # path under test is the same, with a third of the tokens for the 135M learner on CPU
+                  "data.task_kwargs={questions: 2, max_operand: 10}", "rollout.n_samples=4",
+                  "buffer.batch_size=4", "train.save_model=false", "train.eval_after=false")
     records = res["records"]
     assert len(records) == 2
     for rec in records:
