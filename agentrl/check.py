@@ -347,8 +347,6 @@ def check(args: argparse.Namespace, out: TextIO) -> int:
         prep = prepare(cfg)
     except ConfigError as exc:  # DataError included
         return input_error(exc)
-    # Its input checked: the engine core's imports run on the other core while this process loads
-    # the rest (agentrl.rollout.core_process).
     prestart_for(cfg.cluster.backend)
     tasks = (prep.train_tasks if args.split == "train" else prep.eval_tasks)[:args.tasks]
     task_problems = [p for p in (tasks_problem(prep.train_tasks, "train"), tasks_problem(prep.eval_tasks, "eval")) if p]

@@ -184,8 +184,6 @@ def main(argv: list[str] | None = None) -> int:
         prep = prepare(cfg)
     except ConfigError as exc:  # DataError included
         return input_error(exc)
-    # Its input checked: the engine core's imports run on the other core while this process loads
-    # the rest (agentrl.rollout.core_process).
     prestart_for(cfg.cluster.backend)
     import uvloop
 

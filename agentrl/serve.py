@@ -83,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
             check_model_path(cfg.model.path)
     except ConfigError as exc:
         return input_error(exc)
-    # Its input checked: the engine core's imports run on the other core while this process loads
-    # the rest (agentrl.rollout.core_process).
     prestart_for(cfg.cluster.backend)
     if args.api_key is not None:  # as given: a YAML override would read "123" as a number
         cfg.server.api_key = args.api_key

@@ -17,7 +17,7 @@ Whole runs. Then, per round, `python -m agentrl.train --config examples/agents/c
 steps and 4 eval tasks (what a test or a dry run costs; the warm-started model is built first, outside
 the timing), twice in fresh processes:
   * spawn: the engine core spawned by vLLM, which imports torch and vLLM after the command reaches it;
-  * fork server: the command starts the fork server as soon as its config is read
+  * fork server: the command starts the fork server once its input is checked
     (`agentrl.rollout.core_process`), which imports them meanwhile on the other core; the engine core
     is a fork of it.
 Prints the median whole-process wall time of each and their ratio.

@@ -32,7 +32,10 @@ class ArithmeticEnv(Env):
         return StepResult(None, reward, True, {"success": reward == 1.0})
 
     @classmethod
-    def make_tasks(cls, n: int, seed: int, split: str, max_operand: int = 20) -> list[dict[str, Any]]:
+    def make_tasks(cls, n: int, seed: int, split: str, max_operand: int = 9) -> list[dict[str, Any]]:
+        """`n` questions "a + b" or "a - b" with operands 0..max_operand. The default, single digits (200
+        distinct questions), is what the tiny default model can learn: warm-started on operands up to 20
+        it answered 11 % right and RL made it no better (issue 28)."""
         rng = random.Random(f"{split}:{seed}")
         tasks = []
         for i in range(n):
@@ -43,7 +46,8 @@ class ArithmeticEnv(Env):
 
 
 def demo_tasks(n: int, seed: int, split: str) -> list[dict[str, Any]]:
-    """Tasks for the embedded default model's warm start (`model.default.task: arithmetic`)."""
+    """Tasks for the embedded default model's warm start (`model.default.task: arithmetic`): the env's
+    default operand range, so the warm start covers the questions `examples/agents/arithmetic.yaml` asks."""
     return ArithmeticEnv.make_tasks(n, seed, split)
 
 

@@ -188,9 +188,9 @@ def http_ok(port: int, path: str) -> bool:
 
 def start_server(cmd: Command, plan, block: Block, env: dict) -> subprocess.Popen:
     assert not port_open(plan.port), f"{cmd.id}: port {plan.port} is already in use here"
-    log = open(block.dir / f"server-{cmd.line}.log", "w")
-    proc = subprocess.Popen(["bash", "-c", "exec " + plan.script], cwd=block.dir, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    with open(block.dir / f"server-{cmd.line}.log", "w") as log:  # the server writes to its own copy
+        proc = subprocess.Popen(["bash", "-c", "exec " + plan.script], cwd=block.dir, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
     ready = (lambda: port_open(plan.port)) if cmd.background else (lambda: http_ok(plan.port, plan.probe))
     deadline = time.monotonic() + 600
     while not ready():

@@ -95,8 +95,10 @@ def _stop_server() -> None:
 
 
 def prestart_for(backend: str) -> bool:
-    """`prestart` where the engines run in this process tree (`cluster.backend: local`); a CLI calls it
-    as soon as its input is checked (an input error then exits at once, printing only itself)."""
+    """`prestart` where the engines run in this process tree (`cluster.backend: local`). Every CLI that
+    starts engines (train, eval, check, serve) calls it as soon as its input is checked: the engine
+    core's imports then run on the other core while the command loads the rest, and an input error
+    still exits at once, printing only itself."""
     return backend == "local" and prestart()
 
 
