@@ -26,6 +26,7 @@ from typing import Any, Callable
 from agentrl.chat import ChatFormat, Message, ledger_from_messages
 from agentrl.config import DefaultModelConfig
 from agentrl.config.stages import StageConfig
+from agentrl.files import publish_folder
 
 log = logging.getLogger(__name__)
 
@@ -179,18 +180,22 @@ def ensure_default_model(cfg: DefaultModelConfig) -> Path:
     if (out / "config.json").exists() and (out / "DONE").exists():
         log.info("using cached default model %s", out)
         return out
-    out.mkdir(parents=True, exist_ok=True)
     log.info("building the embedded default model in %s", out)
-    tokenizer = build_tokenizer(cfg, out)
-    model = build_model(cfg, tokenizer, out)
+    # Built in a folder of this process's own and renamed into place: two runs (or test workers) that
+    # start on the same empty cache build side by side, and neither reads the other's half-written files.
+    tmp = root / f".{out.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tokenizer = build_tokenizer(cfg, tmp)
+    model = build_model(cfg, tokenizer, tmp)
     if cfg.sft_steps == 0:  # an untrained model
-        model.save_pretrained(out, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True)
     else:
-        init = out / "init"
+        init = tmp / "init"
         model.save_pretrained(init, safe_serialization=True)
         tokenizer.save_pretrained(init)
-        warm_start(init, out, tokenizer, cfg)
+        warm_start(init, tmp, tokenizer, cfg)
         shutil.rmtree(init)
-    tokenizer.save_pretrained(out)
-    (out / "DONE").write_text("ok\n")
-    return out
+    tokenizer.save_pretrained(tmp)
+    (tmp / "DONE").write_text("ok\n")
+    return publish_folder(tmp, out, "DONE")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +89,21 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def publish_folder(tmp: Path, out: Path, marker: str) -> Path:
+    """Rename the finished folder `tmp` to `out` (atomic: a reader sees all of it or none). When another
+    process published `out` first, theirs is kept and `tmp` removed; an `out` without `marker` is what an
+    interrupted build left, and is replaced."""
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if (out / marker).exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            return out
+        shutil.rmtree(out, ignore_errors=True)
+        os.rename(tmp, out)
+    return out
 
 
 def restart_jsonl_at(path: str | Path, start_step: int) -> int:

@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import os
 import shutil
 import sys
-from agentrl.process_exit import run_and_exit
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from agentrl.files import publish_folder
+from agentrl.process_exit import run_and_exit
 
 if TYPE_CHECKING:
     from agentrl.config import DefaultModelConfig
@@ -129,11 +132,13 @@ def prepare(name: str, dtype: str = "float32") -> Path:
                 setattr(lm, attr, None)
     lm = lm.to(getattr(torch, dtype))
     lm.config.dtype = dtype
-    tmp = out.with_name(out.name + ".tmp")
+    # A folder of this process's own, renamed into place: a half-written folder is never mistaken for a
+    # prepared one, and two processes preparing at once do not write into each other's.
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     lm.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a half-written folder is never mistaken for a prepared one
+    publish_folder(tmp, out, "config.json")
     log.info("prepared %s at %s", name, out)
     return out
 

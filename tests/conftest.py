@@ -2,14 +2,58 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from agentrl.config import DefaultModelConfig
 from agentrl.default_model import build_tokenizer
 
 
+# scripts/test.sh runs the suite on two pytest-xdist workers. The scheduler below hands out whole groups:
+# each module's tests run on one worker, so its module fixtures are built once and the doc test's commands
+# keep their order and the README's fixed ports. Every Ray test is in one group: `cluster.address=auto`
+# joins whichever Ray cluster runs on the machine, and a second one would make that ambiguous. The longest
+# groups are queued first (seconds from a CI run's --durations), so neither worker ends the run with one
+# of them alone. (xdist's own `--dist loadgroup` marks no longer reach the scheduler under pytest 9.)
+RAY_MODULES = ("test_e2e_cluster", "test_ray_learner")
+LONGEST_FIRST = ("ray", "test_docs", "test_e2e", "test_e2e_algos", "test_e2e_resume", "test_e2e_tools",
+                 "test_startup_errors", "test_collective_weights", "test_e2e_failures")
+
+
+def group_of(nodeid: str) -> str:
+    module = Path(nodeid.split("::")[0]).stem
+    return "ray" if module in RAY_MODULES else module
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: end-to-end tests with real vLLM and DeepSpeed")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... under xdist
+    if worker:
+        # vLLM's automatic binding puts every CPU engine's OpenMP threads on the same first core; two
+        # workers' engines would share it while the other core idles. Each worker takes a core of its own
+        # (the Ray engines bind per engine index: agentrl.rollout.ray_engine).
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))  # stable: a module keeps its order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "load":  # an explicit --dist keeps xdist's own scheduler
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep the queue in LONGEST_FIRST order
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -135,6 +135,48 @@ def test_an_error_of_one_request_does_not_restart_a_live_engine():
     asyncio.run(run())
 
 
+def test_an_error_that_arrives_before_the_death_shows_still_restarts_the_engine():
+    """The engine's client notices its core's exit a moment after the error that the death caused
+    (a weight group's reset connection) reached the caller: asked again, the fleet restarts it."""
+    async def run():
+        fleet = make(1)
+        await fleet.start()
+        member = fleet.members[0]
+        await fleet.load_weights_file("blob-v2", 2)
+        await fleet.report_failure(member, RuntimeError("Connection reset by peer"))
+        assert member.healthy  # still alive when asked
+        await asyncio.sleep(0.2)
+        member.dead = True  # the client sees the exit now
+        await fleet.wait_restarts()
+        assert member.healthy and member.restarts == 1 and member.starts == 2 and member.version == 2
+        # A second error while it is alive, and it stays so: looked at again, never restarted.
+        await fleet.report_failure(member, ValueError("prompt too long"))
+        await fleet.wait_restarts()
+        assert member.restarts == 1
+    asyncio.run(run())
+
+
+def test_a_request_of_a_replaced_engine_life_failing_late_does_not_restart_the_new_one():
+    """Two turns in flight when the engine dies: the first error restarts it; the second reaches its
+    episode only after the restart, and is the old life's, not the new engine's."""
+    async def run():
+        fleet = make(1)
+        await fleet.start()
+        member = fleet.members[0]
+        async with fleet.lease() as early, fleet.lease() as late:
+            member.dead = True
+            with pytest.raises(Dead):
+                await early.generate([1], 4)
+            await fleet.wait_restarts()
+            assert member.healthy and member.restarts == 1
+            # The late turn began on the old life and its error arrives now.
+            await fleet.report_failure(member, Dead("gone"), member.epoch - 1)
+            await fleet.wait_restarts()
+            assert member.healthy and member.restarts == 1 and member.starts == 2
+            assert (await late.generate([1], 4)).token_ids == [0]  # its next turn runs on the new life
+    asyncio.run(run())
+
+
 def test_an_engine_that_keeps_dying_fails_the_fleet_with_a_clear_error():
     async def run():
         fleet = make(1, max_restarts=1)

@@ -10,7 +10,7 @@ import pytest
 
 from agentrl.checkpoint import CheckpointStore
 from agentrl.data import DataError, read_tasks, read_texts
-from agentrl.files import JsonlError, jsonl_lines, read_jsonl, restart_jsonl_at
+from agentrl.files import JsonlError, jsonl_lines, publish_folder, read_jsonl, restart_jsonl_at
 from agentrl.metrics import read_metrics
 
 
@@ -74,3 +74,23 @@ def test_restart_keeps_earlier_rows_byte_for_byte(tmp_path):
     path.write_bytes(rows)
     assert restart_jsonl_at(path, 2) == 4
     assert path.read_bytes() == b'{"step": 0,  "x": 1.0}\n{"step": 1}\n'
+
+
+def _built(folder, text):
+    folder.mkdir()
+    (folder / "DONE").write_text(text)
+    return folder
+
+
+def test_publish_folder_keeps_the_first_of_two_builds_and_replaces_an_interrupted_one(tmp_path):
+    out = tmp_path / "model"
+    assert publish_folder(_built(tmp_path / ".a.tmp", "first"), out, "DONE") == out
+    # A second process that finished the same build later: the published folder stays, its copy goes.
+    assert publish_folder(_built(tmp_path / ".b.tmp", "second"), out, "DONE") == out
+    assert (out / "DONE").read_text() == "first" and not (tmp_path / ".b.tmp").exists()
+    # A folder without the marker is what an interrupted build left behind: it is replaced.
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "half.bin").write_text("x")
+    publish_folder(_built(tmp_path / ".c.tmp", "third"), stale, "DONE")
+    assert sorted(p.name for p in stale.iterdir()) == ["DONE"] and (stale / "DONE").read_text() == "third"

@@ -30,6 +30,10 @@ from agentrl.rollout.members import LocalMember, Member, RayMember
 
 log = logging.getLogger(__name__)
 
+# Seconds between the looks at an engine that reported an error but still said it was alive
+# (`EngineFleet.report_failure`): vLLM's client notices a core's exit within a moment, well inside 7.5 s.
+DEATH_RECHECK_S = (0.5, 1.0, 2.0, 4.0)
+
 
 class FleetFailed(RuntimeError):
     """An engine died more often than `cluster.max_engine_restarts` allows, or could not start."""
@@ -43,26 +47,26 @@ class _Leased:
 
     async def generate(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None) -> Generation:
-        member = self.member
+        member, epoch = self.member, self.member.epoch
         if not member.healthy:
             raise RuntimeError(f"engine {member.index} died earlier in this episode")
         try:
             return await member.generate(prompt_ids, max_tokens, temperature, top_p, seed)
         except Exception as exc:
-            await self.fleet.report_failure(member, exc)
+            await self.fleet.report_failure(member, exc, epoch)
             raise
 
     async def stream(self, prompt_ids: list[int], max_tokens: int, temperature: float = 1.0,
                      top_p: float = 1.0, seed: int | None = None) -> AsyncIterator[Generation]:
         """`generate` as it happens (`Member.stream`: a Ray engine's turn comes in one piece)."""
-        member = self.member
+        member, epoch = self.member, self.member.epoch
         if not member.healthy:
             raise RuntimeError(f"engine {member.index} died earlier in this episode")
         try:
             async for delta in member.stream(prompt_ids, max_tokens, temperature, top_p, seed):
                 yield delta
         except Exception as exc:
-            await self.fleet.report_failure(member, exc)
+            await self.fleet.report_failure(member, exc, epoch)
             raise
 
 
@@ -77,6 +81,7 @@ class EngineFleet:
         self._latest: tuple[Any, int] | None = None  # the newest weights pushed: restarts load them
         self._healthy = asyncio.Event()
         self._restarts: set[asyncio.Task] = set()
+        self._confirming: set[int] = set()  # members whose error is being looked at again (report_failure)
         self._rotate = 0
         self.transport = "file"  # how weights reach the engines: "collective" once pick_transport joins them
         self.closers: list[Callable[[], None]] = []  # run at shutdown, after the engines stop (a weight hub)
@@ -192,11 +197,8 @@ class EngineFleet:
                 pause = await load_into(member, handover, version)
             except Exception as exc:
                 # Reported here, not by the caller: a load that fails after the push's deadline has
-                # stopped the caller's wait must still get a dead engine restarted. A load begun on an
-                # engine life that a restart has since replaced reports nothing: its failure is the old
-                # engine's, and blaming the new one would restart a healthy engine.
-                if member.epoch == epoch:
-                    await self.report_failure(member, exc)
+                # stopped the caller's wait must still get a dead engine restarted.
+                await self.report_failure(member, exc, epoch)
                 raise
             if member.epoch == epoch:
                 self._set_member_version(member, version)
@@ -218,18 +220,47 @@ class EngineFleet:
 
     # -- faults --------------------------------------------------------------------------------
 
-    async def report_failure(self, member: Member, exc: BaseException) -> None:
-        """Called on any error from an engine: restart it if it is dead (errors of one request are not)."""
-        if not member.healthy:
+    async def report_failure(self, member: Member, exc: BaseException, epoch: int | None = None) -> None:
+        """Called on any error from an engine: restart it if it is dead (errors of one request are not).
+        `epoch` is the engine life the failed call began on (default: the current one). An error of a life
+        that a restart has since replaced is that life's (a request in flight when it died, reaching its
+        caller late), and blaming the new life would restart a healthy engine."""
+        epoch = member.epoch if epoch is None else epoch
+        if not member.healthy or member.epoch != epoch:
             return
         if not member.is_death(exc) and await member.alive():
+            # An error that the engine's death caused (a weight group's peer gone) can arrive before the
+            # engine client has seen its core exit, while `alive()` still says yes; asked once, the death
+            # would go unnoticed until some later request failed. Ask again for a few seconds.
+            if member.index not in self._confirming:
+                self._confirming.add(member.index)
+                self._track(self._confirm(member, exc, epoch))
             return
-        if not member.healthy:  # another caller noticed first, while we asked
+        self._died(member, exc, epoch)
+
+    async def _confirm(self, member: Member, exc: BaseException, epoch: int) -> None:
+        try:
+            for delay in DEATH_RECHECK_S:
+                await asyncio.sleep(delay)
+                if not member.healthy or member.epoch != epoch:  # reported meanwhile
+                    return
+                if not await member.alive():
+                    self._died(member, exc, epoch)
+                    return
+        finally:
+            self._confirming.discard(member.index)
+
+    def _died(self, member: Member, exc: BaseException, epoch: int) -> None:
+        if not member.healthy or member.epoch != epoch:  # another caller noticed first, while we asked
             return
         member.healthy = False
         member.last_error = f"{type(exc).__name__}: {exc}"
         log.error("engine %d died (%s); restarting it", member.index, member.last_error)
-        task = asyncio.get_running_loop().create_task(self._restart(member))
+        self._track(self._restart(member))
+
+    def _track(self, job) -> None:
+        """Run `job` (a restart, or the re-check that may lead to one); `wait_restarts` waits for it."""
+        task = asyncio.get_running_loop().create_task(job)
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
 
