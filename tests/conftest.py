@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -76,11 +77,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer) -> str:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The embedded default model with a short warm start (shared by the end-to-end tests)."""
+    """The embedded default model with a short warm start (shared by the end-to-end tests, and by the
+    xdist workers of one run: the first to ask builds it while the other waits on the lock)."""
     from agentrl.default_model import ensure_default_model
 
-    cfg = DefaultModelConfig(sft_steps=40, sft_demos=400, cache_dir=str(tmp_path_factory.mktemp("models")))
-    return str(ensure_default_model(cfg))
+    base = tmp_path_factory.getbasetemp()
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-models"
+    cache.mkdir(exist_ok=True)
+    cfg = DefaultModelConfig(sft_steps=40, sft_demos=400, cache_dir=str(cache))
+    with open(cache / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return str(ensure_default_model(cfg))
 
 
 @pytest.fixture(scope="session")
