@@ -44,8 +44,9 @@ def setup_logging(level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # One INFO line per HTTP request (verifier, tool calls) would drown the training log.
-    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai"):
+    # One INFO line per HTTP request (verifier, tool calls) or per episode (verifiers' rollouts and the
+    # access log of its interception server, 3 lines an episode) would drown the training log.
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "aiohttp.access", "verifiers"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
 
 

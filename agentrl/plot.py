@@ -14,11 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Figure, not pyplot: no GUI backend is chosen, no window can open, and no global figure registry
-# keeps the figure alive after it is saved (the same as matplotlib.use("Agg") without changing it for
-# the rest of the process).
-from matplotlib.figure import Figure
-
 from agentrl.files import atomic_write
 
 DPI = 110
@@ -76,6 +71,12 @@ def _draw_eval(ax: Any, xs: list[float], ys: list[float], before: float | None, 
 def plot_run(records: Sequence[dict[str, Any]], path: str | Path, eval_before: float | None = None,
              eval_after: float | None = None, title: str = "") -> Path:
     """Writes the 2 x 3 figure of a run's records to `path` (PNG, replaced atomically) and returns the path."""
+    # Imported here, not with the module: matplotlib costs about 0.9 s of every command's start-up and
+    # is used once, at the end of a run. Figure, not pyplot: no GUI backend is chosen, no window can
+    # open, and no global figure registry keeps the figure alive after it is saved (the same as
+    # matplotlib.use("Agg") without changing it for the rest of the process).
+    from matplotlib.figure import Figure
+
     path = Path(path)
     fig = Figure(figsize=(15, 8.5), dpi=DPI, layout="constrained")
     axes = fig.subplots(2, 3, squeeze=False)

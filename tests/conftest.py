@@ -23,6 +23,12 @@ LONGEST_FIRST = ("ray", "test_docs", "test_e2e", "test_e2e_algos", "test_e2e_res
                  "test_startup_errors", "test_collective_weights", "test_e2e_failures")
 
 
+def worker_index() -> int | None:
+    """This xdist worker's index (0, 1, ...), None outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
+    return int(worker[2:]) if worker else None
+
+
 def group_of(nodeid: str) -> str:
     module = Path(nodeid.split("::")[0]).stem
     return "ray" if module in RAY_MODULES else module
@@ -30,13 +36,13 @@ def group_of(nodeid: str) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: end-to-end tests with real vLLM and DeepSpeed")
-    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... under xdist
-    if worker:
+    worker = worker_index()
+    if worker is not None:
         # vLLM's automatic binding puts every CPU engine's OpenMP threads on the same first core; two
         # workers' engines would share it while the other core idles. Each worker takes a core of its own
         # (the Ray engines bind per engine index: agentrl.rollout.ray_engine).
         cores = sorted(os.sched_getaffinity(0))
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[int(worker[2:]) % len(cores)]))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[worker % len(cores)]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -82,7 +88,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from agentrl.default_model import ensure_default_model
 
     base = tmp_path_factory.getbasetemp()
-    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-models"
+    cache = (base if worker_index() is None else base.parent) / "shared-models"
     cache.mkdir(exist_ok=True)
     cfg = DefaultModelConfig(sft_steps=40, sft_demos=400, cache_dir=str(cache))
     with open(cache / ".lock", "w") as lock:

@@ -43,7 +43,7 @@ ASSIGNMENTS = re.compile(r"^(?:[A-Za-z_]\w*=(?:\$\([^)]*\)|[^\s;$()]+)\s*(?:;\s*
 # Tiny size. The embedded default model's warm start is cut to 2 steps (its full 300 take ~20 minutes on
 # 2 busy cores); the cache entry is still built cold once by the first command that needs it.
 TINY_DEFAULT = {"sft_steps": "2", "sft_batch_size": "8", "sft_demos": "32"}
-TINY_TRAIN = ["train.steps=2", "data.eval_tasks=4", "rollout.n_samples=4", "buffer.batch_size=4",
+TINY_TRAIN = ["train.steps=2", "data.eval_tasks=4", "rollout.n_samples=2", "buffer.batch_size=2",
               "train.eval_every=0", "train.checkpoint_every=0"]
 TINY_STAGE = {"--max_steps": "2", "--batch_size": "4", "--micro_batch_size": "4", "--warmup_steps": "0",
               "--max_samples": "64", "--eval_every": "0"}

@@ -18,8 +18,8 @@ are stood in by files the test has, linked into the sandbox of a block that name
 `MODEL` and `M` (the default model), `demos.jsonl`, `pairs.jsonl`, `kto.jsonl`, `steps.jsonl`
 (examples/pipeline/make_data.py's demos, pairs, kto and prm files) and `runs/pipeline/data` (its folder).
 
-Tiny size (doc_blocks.TINY_*): `agentrl.train` gets `train.steps=2 data.eval_tasks=4 rollout.n_samples=4
-buffer.batch_size=4`: one group a step (and the 2-step warm start when it builds the default model); the stage CLIs
+Tiny size (doc_blocks.TINY_*): `agentrl.train` gets `train.steps=2 data.eval_tasks=4 rollout.n_samples=2
+buffer.batch_size=2`: one group of two a step (and the 2-step warm start when it builds the default model); the stage CLIs
 `--max_steps 2 --batch_size 4 --micro_batch_size 4 --max_samples 64` (and `--lora_rank 4` when the block
 merges their adapter with `agentrl.lora_merge --lora <their --out>`); `examples/pipeline/run.sh` runs with
 RL_STEPS=2 SFT_STEPS=2 RM_STEPS=2 SAMPLES=1 EVAL_TASKS=4. A command that is the same as an earlier one once shrunk
