@@ -95,14 +95,24 @@ def publish_folder(tmp: Path, out: Path, marker: str) -> Path:
     """Rename the finished folder `tmp` to `out` (atomic: a reader sees all of it or none). When another
     process published `out` first, theirs is kept and `tmp` removed; an `out` without `marker` is what an
     interrupted build left, and is replaced."""
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        if (out / marker).exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    for _ in range(3):  # each pass either publishes or clears a stale `out` that another may refill
+        try:
+            os.rename(tmp, out)
             return out
-        shutil.rmtree(out, ignore_errors=True)
-        os.rename(tmp, out)
+        except OSError:
+            if (out / marker).exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+                return out
+            # Moved aside in one step, then deleted: of two processes that found the stale folder, one moves
+            # it and the other's move fails, so neither renames into a half-deleted folder; each tries again,
+            # and `out` ends as one complete build.
+            aside = out.with_name(f".{out.name}.{os.getpid()}.stale")
+            try:
+                os.rename(out, aside)
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(aside, ignore_errors=True)
+    os.rename(tmp, out)
     return out
 
 

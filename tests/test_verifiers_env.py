@@ -151,3 +151,35 @@ def test_an_installed_taskset_id_loads_with_a_local_chat_agent(tiny_tokenizer):
     episodes = play(tiny_tokenizer, lambda prompt, index: "ember", task_list)
     assert [(ep.status, ep.reward) for ep in episodes] == [("ok", float(t["data"]["answer"] == "ember"))
                                                            for t in task_list]
+
+
+def test_the_warm_start_demonstrations_are_the_conversation_the_rollout_trains_on(tiny_tokenizer):
+    """examples/agents/verifiers.yaml warm-starts the default model on the fixture's own demonstrations:
+    they must be, token for token, the ledger verifiers' harness produces through the endpoint."""
+    import random
+
+    from agentrl.chat import ledger_from_messages
+    from tests.fixtures.vf_envs.common import WORDS
+    from tests.fixtures.vf_envs.single_turn import demo_tasks, demonstration
+
+    task_list = tasks("single_turn", 6)
+    def script(prompt, index):  # the asked word
+        return prompt_text(tiny_tokenizer, prompt).rsplit("Reply with the word ", 1)[1].split(".", 1)[0]
+
+    episodes = play(tiny_tokenizer, script, task_list)
+    fmt = ChatFormat(tiny_tokenizer)
+    for task, ep in zip(task_list, episodes):
+        demo = demonstration({"prompt": task["data"]["prompt"], "answer": task["data"]["answer"]},
+                             random.Random(0), 1.0)
+        assert ep.status == "ok" and ep.reward == 1.0, (ep.status, ep.error)
+        assert ep.messages == demo
+        assert (ep.tokens, ep.loss_mask) == ledger_from_messages(fmt, demo)
+
+    # the teacher: the asked word `optimal_prob` of the time, another of the six words otherwise
+    rng = random.Random(0)
+    demos = [(t, demonstration(t, rng, 0.5)[1]["content"]) for t in demo_tasks(2000, 0, "demo")]
+    assert {t["prompt"] for t, _ in demos} == {f"Reply with the word {w}." for w in WORDS}
+    assert all(reply in WORDS for _, reply in demos)
+    right = sum(reply == t["answer"] for t, reply in demos)
+    assert 900 < right < 1100  # 1000 expected, sd 22
+    assert all(demonstration(t, rng, 0.0)[1]["content"] != t["answer"] for t, _ in demos[:200])
