@@ -71,7 +71,7 @@ def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_
     # after the warm start moved onto the stage loop lr 5e-4 collapsed too (0.242 -> 0.0), so
     # this guards against collapse (a broken push or gradient would show as one) rather than asking
     # for a gain a short run cannot promise. 8 steps: every one is a collective push into both engines
-    # checked to 1e-4 above; 16 (until stop 37) proved nothing more and cost 60 s.
+    # checked to 1e-4 above; 16 (until stop 37) proved nothing more.
     assert summary["eval_after"]["score"] >= summary["eval_before"]["score"] - 0.05
 
 
