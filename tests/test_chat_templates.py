@@ -13,7 +13,6 @@ import asyncio
 import copy
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, Message, StepResult
 from agentrl.rollout.episode import EpisodeSpec, run_episode
 from rewards.servers.tools import TOOL_SPECS
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
@@ -267,7 +267,7 @@ def test_cli_refuses_a_model_whose_template_is_not_append_only(smollm2_folder, t
     shutil.copy(TEMPLATES / "strips_reasoning.jinja", model / "chat_template.jinja")
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "AGENTRL_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-m", "agentrl.train", f"model.path={model}", f"train.out_dir={out}"],
+    proc = warm_python.run([sys.executable, "-m", "agentrl.train", f"model.path={model}", f"train.out_dir={out}"],
                           check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"config error: model.path: {STRIPPED}"]

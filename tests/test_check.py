@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from agentrl.chat import ChatFormat, load_tokenizer
 from agentrl.rollout.round_trip import RoundTrip, round_trip
 from agentrl.types import Episode, Turn
 from envs.guess_number import GuessNumberEnv, prompt_text
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 SPAN = re.compile(r"^  (prompt|turn (\d+) (trained|env))\s+(\d+) tok(.*?)\s*\| (.*)$")
@@ -231,7 +231,7 @@ def test_round_trip_finds_the_first_difference(tiny_tokenizer):
 def test_engine_dry_run(tiny_model):
     """The real engine on an untrained model: every turn's count is what it printed, within the budget."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
-    proc = subprocess.run([sys.executable, "-m", "agentrl.check", "--tasks", "2", f"model.path={tiny_model}",
+    proc = warm_python.run([sys.executable, "-m", "agentrl.check", "--tasks", "2", f"model.path={tiny_model}",
                            "data.train_tasks=8", "data.eval_tasks=2", "rollout.max_tokens_per_turn=12"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

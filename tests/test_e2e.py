@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -26,7 +27,7 @@ def run_cli(tmp_path: Path, model_dir: str, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
     cmd = [sys.executable, "-m", "agentrl.train", f"model.path={model_dir}", f"train.out_dir={out}",
            "data.eval_tasks=16", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = warm_python.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     summary = json.loads((out / "summary.json").read_text())
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from test_e2e import ROOT, run_cli
+import warm_python
 
 pytestmark = pytest.mark.e2e
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -80,7 +81,7 @@ def launch(tmp_path: Path, model_dir: str, *args: str) -> tuple[subprocess.Popen
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
     cmd = [sys.executable, "-m", "agentrl.train", f"model.path={model_dir}", f"train.out_dir={out}",
            "data.eval_tasks=16", *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = warm_python.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.learning_signal import WHAT_TO_DO
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -27,7 +28,7 @@ def train(tmp_path: Path, model: str, fail_rate: float, *args: str) -> subproces
     cmd = [sys.executable, "-m", "agentrl.train", f"model.path={model}", f"train.out_dir={tmp_path / 'run'}",
            "env.import_path=flaky_env:FlakyEnv", f"env.kwargs={{fail_rate: {fail_rate}}}", "train.save_model=false",
            "rollout.n_samples=4", "buffer.batch_size=16", "data.eval_tasks=8", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return warm_python.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_an_env_that_raises_on_every_task_ends_the_run_with_its_file_line_and_task(tmp_path, tiny_model):

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from agentrl.checkpoint import audit, load_run_state
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -38,7 +39,7 @@ def run(out: Path, model_dir: str, crash_at: str | None) -> subprocess.Completed
            "train.eval_after=false", "train.save_model=false", "buffer.batch_size=32", "rollout.n_samples=8",
            "buffer.max_staleness=2", f"learner.lr={LR}", "learner.scheduler=linear",
            f"learner.warmup_steps={WARMUP}"]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return warm_python.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def adam_digest_of(folder: Path) -> dict[str, float]:

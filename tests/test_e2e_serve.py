@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def served(model_dir):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "agentrl.serve", "--model", model_dir, "--port", "0",
+    proc = warm_python.Popen([sys.executable, "-m", "agentrl.serve", "--model", model_dir, "--port", "0",
                              "--api-key", "s3cret", "engine.max_num_seqs=8"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -50,7 +51,7 @@ def train(config: str, out: Path, model: str, *overrides: str) -> subprocess.Com
     cmd = [sys.executable, "-m", "agentrl.train", "--config", config, f"model.path={model}",
            f"train.out_dir={out}", "data.eval_tasks=16", "rollout.n_samples=4",
            "buffer.batch_size=16", "train.save_model=false", *overrides]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = warm_python.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 

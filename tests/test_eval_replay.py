@@ -17,13 +17,14 @@ from agentrl.data import DataError
 from agentrl.eval import ks_for, pass_at_k
 from agentrl.rollout.records import RolloutWriter, episode_from_record, episode_to_record, read_records
 from agentrl.types import Episode, Group, Turn
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_module(module: str, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "CI": "true"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True,
+    return warm_python.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

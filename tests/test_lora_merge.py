@@ -5,7 +5,6 @@ tokenizer comes from the adapter folder when it has one; a wrong folder is one l
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +12,7 @@ import torch
 
 from agentrl.learner.lora import apply_lora
 from agentrl.lora_merge import main, saved_head_outputs
+import warm_python
 
 RANK, ALPHA = 4, 8.0
 IDS = torch.tensor([[5, 17, 42, 8, 99, 3], [11, 12, 13, 14, 15, 16]])
@@ -119,7 +119,7 @@ def test_sequence_classifier_merge_reproduces_the_peft_scores(tmp_path, tiny_tok
 def test_missing_adapter_config_is_one_line_and_exit_code_2(tmp_path, tiny_tokenizer):
     base = save_base(tmp_path / "base", tiny_tokenizer)
     (tmp_path / "lora").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "agentrl.lora_merge", "--base", str(base),
+    proc = warm_python.run([sys.executable, "-m", "agentrl.lora_merge", "--base", str(base),
                            "--lora", str(tmp_path / "lora"), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

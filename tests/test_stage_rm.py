@@ -25,6 +25,7 @@ from agentrl.config.stages import StageConfig
 from agentrl.types import Episode
 from envs.guess_number import GuessNumberEnv, preference_pairs
 from rewards.reward_model import RewardModelConfig, RewardModelScorer, last_token_scores
+import warm_python
 
 N_PAIRS = 800
 N_EVAL = 200
@@ -171,7 +172,6 @@ def test_long_episodes_are_cut_on_the_left_as_the_scorer_cuts_them(trained):
 
 
 def test_cli_reads_jsonl_and_saves_a_loadable_model(trained, tmp_path):
-    import subprocess
     import sys
 
     from transformers import AutoModelForSequenceClassification
@@ -179,7 +179,7 @@ def test_cli_reads_jsonl_and_saves_a_loadable_model(trained, tmp_path):
     base, _, _, held_out = trained
     pairs = _write_pairs(tmp_path / "pairs.jsonl", held_out[:8])
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "agentrl.rm", "--model", str(base), "--dataset", pairs, "--out", str(out),
+    proc = warm_python.run([sys.executable, "-m", "agentrl.rm", "--model", str(base), "--dataset", pairs, "--out", str(out),
                            "--max_steps", "2", "--batch_size", "4", "--micro_batch_size", "2", "--eval_fraction", "0.25"],
                           capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -193,7 +193,6 @@ def test_cli_reads_jsonl_and_saves_a_loadable_model(trained, tmp_path):
 
 
 def test_bad_keys_and_rows_are_one_line_errors_before_training(trained, tmp_path):
-    import subprocess
     import sys
 
     base, _, _, held_out = trained
@@ -205,5 +204,5 @@ def test_bad_keys_and_rows_are_one_line_errors_before_training(trained, tmp_path
                           (["optim.lr=0"], "optim.lr"),
                           (["--dataset", str(bad)], f"{bad} line 5: key 'rejected' is missing")):
         argv = [sys.executable, "-m", "agentrl.rm", "--model", str(base), "--dataset", str(bad), *args]
-        proc = subprocess.run(argv, capture_output=True, text=True)
+        proc = warm_python.run(argv, capture_output=True, text=True)
         assert proc.returncode == 2 and message in proc.stderr, (args, proc.stderr[-2000:])

@@ -4,11 +4,11 @@ before vLLM or DeepSpeed start: `python -m agentrl.train` run as a user runs it.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import warm_python
 
 REPO = Path(__file__).resolve().parents[1]
 HTTP_TYPO = 'rewards.sources=[{name: judge, type: http, http: {url: "http://127.0.0.1:9/v", read_timeot_s: 3}}]'
@@ -75,7 +75,7 @@ def test_start_up_error_is_one_line_with_exit_2(tmp_path, case):
     _files(tmp_path)
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "AGENTRL_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-m", "agentrl.train", *(a.replace("{tmp}", str(tmp_path)) for a in args),
+    proc = warm_python.run([sys.executable, "-m", "agentrl.train", *(a.replace("{tmp}", str(tmp_path)) for a in args),
                            f"train.out_dir={out}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [expected.replace("{tmp}", str(tmp_path))]

@@ -1,0 +1,82 @@
+"""tests/warm_python.py: a command forked from the warm server is the process a cold `python -m` gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import warm_python
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBE = textwrap.dedent("""
+    import json, os, sys, time
+    print(json.dumps({"argv": sys.argv[1:], "name": __name__, "cwd": os.getcwd(), "path": sys.path,
+                      "var": os.environ.get("AGENTRL_PROBE"), "main": sys.modules["__main__"].__file__}))
+    print("to stderr", file=sys.stderr)
+    if "--wait" in sys.argv:
+        time.sleep(300)
+    sys.exit(int(sys.argv[1]))
+""")
+
+
+def probe_env(tmp_path: Path, monkeypatch) -> dict:
+    """A module `agentrl_probe` on PYTHONPATH that the server runs (as it runs `agentrl.*`)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "agentrl_probe.py").write_text(PROBE)
+    monkeypatch.setattr(warm_python, "MODULES", ("agentrl.", "agentrl_probe"))
+    return {**os.environ, "PYTHONPATH": f"{lib}{os.pathsep}{ROOT}", "AGENTRL_PROBE": "set by the test"}
+
+
+def test_a_forked_command_sees_what_a_cold_one_sees(tmp_path, monkeypatch):
+    """Same stdout (argv, __name__, working directory, the whole sys.path, the command's environment,
+    the __main__ file), same stderr, same exit status; and it really was forked (a cold start would pass
+    too, so the check that it was is the pid's parent: the server, not this process)."""
+    env = probe_env(tmp_path, monkeypatch)
+    cmd = [sys.executable, "-m", "agentrl_probe", "3", "two words"]
+    cold = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    warm = warm_python.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    seen = json.loads(warm.stdout)
+    assert seen["argv"] == ["3", "two words"] and seen["name"] == "__main__" and seen["var"] == "set by the test"
+    assert seen["path"][:2] == [str(tmp_path), str(tmp_path / "lib")]
+    proc = warm_python.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert isinstance(proc, warm_python.WarmProcess)
+    assert Path(f"/proc/{proc.pid}/stat").read_text().split()[3] == str(warm_python._server.proc.pid)
+    out, err = proc.communicate(timeout=60)
+    assert err is None and out == cold.stdout + cold.stderr and proc.returncode == 3
+
+
+def test_signals_reach_the_command_and_its_status_comes_back(tmp_path, monkeypatch):
+    """kill -9 ends it with -9 as Popen reports it; poll() is None while it runs, wait(timeout) raises
+    TimeoutExpired as Popen's does."""
+    env = probe_env(tmp_path, monkeypatch)
+    proc = warm_python.Popen([sys.executable, "-m", "agentrl_probe", "0", "--wait"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert isinstance(proc, warm_python.WarmProcess)
+    assert json.loads(proc.stdout.readline())["argv"] == ["0", "--wait"]
+    assert proc.poll() is None
+    try:
+        proc.wait(timeout=0.2)
+        raise AssertionError("wait returned while the command runs")
+    except subprocess.TimeoutExpired:
+        pass
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL and proc.poll() == -signal.SIGKILL
+
+
+def test_a_command_whose_environment_the_server_cannot_match_starts_cold(tmp_path, monkeypatch):
+    """OMP_NUM_THREADS is read when torch loads libgomp, in the server long before: such a command is a
+    plain subprocess."""
+    env = {**probe_env(tmp_path, monkeypatch), "OMP_NUM_THREADS": "1"}
+    proc = warm_python.Popen([sys.executable, "-m", "agentrl_probe", "0"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert isinstance(proc, subprocess.Popen)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
