@@ -63,6 +63,13 @@ class Environment(ABC):
         """Release per-episode resources. Called once, also after errors."""
 
     @classmethod
+    def prestart(cls, **kwargs: Any) -> None:
+        """Called once when a run starts, with `env.kwargs`, before the engines start: begin the slow
+        set-up every episode shares (a server to launch) in the background and return at once. Its
+        time then overlaps the engines' start instead of counting against the first episodes'
+        deadlines (`rollout.turn_timeout_s`). The default does nothing."""
+
+    @classmethod
     def make_tasks(cls, n: int, seed: int, split: str) -> list[dict[str, Any]]:
         """Built-in task generator for envs that synthesise their own tasks (used when no dataset path is set)."""
         raise NotImplementedError(f"{cls.__name__} has no built-in task generator; set data.train_path")

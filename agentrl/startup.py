@@ -136,6 +136,10 @@ def prepare(cfg: Config) -> Prepared:
         resume = resolve_resume(cfg.train.resume, cfg.train.out_dir)
     except CheckpointError as exc:
         raise ConfigError(str(exc)) from None
+    try:  # last: nothing starts for a run whose input is wrong
+        env_cls.prestart(**cfg.env.kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"env.kwargs: {exc}") from None
     return Prepared(env_cls, train_tasks, eval_tasks, resume)
 
 

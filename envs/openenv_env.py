@@ -6,7 +6,7 @@
       # kwargs: {app: "tests.fixtures.openenv_guess:app"}  # an installed server app, started here
 
 With `app:` the adapter runs `python -m uvicorn <app>` on loopback and a free port, once per process,
-shared by every episode and stopped at exit (`envs.openenv_server`). Each episode is one OpenEnv
+from the run's start (`prestart`), shared by every episode and stopped at exit (`envs.openenv_server`). Each episode is one OpenEnv
 WebSocket session (the server gives each its own environment instance), opened by `reset` and closed by
 `close`: the server must allow `rollout.max_concurrency` sessions (`create_app(..., max_concurrent_envs=)`).
 
@@ -43,7 +43,7 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 
 from agentrl.env import Action, Env, Message, StepResult
-from envs.openenv_server import ensure_server, running
+from envs.openenv_server import ensure_server, running, start_or_reuse
 
 try:
     from openenv.core.generic_client import GenericEnvClient
@@ -103,6 +103,15 @@ class OpenEnvEnv(Env):
         self.success_reward = success_reward
         self.client: _Client | None = None
         self.total = 0.0
+
+    @classmethod
+    def prestart(cls, *, url: str | None = None, app: str | None = None, start_timeout_s: float = 60.0,
+                 **_: Any) -> None:
+        """The app's server starts when the run does, beside the engines: started by the first reset
+        instead, its start-up (7 s on an idle 2-core machine, over 30 s on a busy one) counted against
+        the first episodes' turn deadline, and they timed out."""
+        if app and not url:
+            start_or_reuse(app, start_timeout_s)
 
     # ------------------------------------------------------------------ episode
 

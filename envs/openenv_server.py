@@ -130,7 +130,7 @@ def launch(app: str, start_timeout_s: float = 60.0, attempts: int = 3) -> LocalS
     raise ServerStartError(f"OpenEnv app {app!r} exited while starting (python -m uvicorn {app}); its log:\n{last}")
 
 
-def _start_or_reuse(app: str, start_timeout_s: float) -> concurrent.futures.Future:
+def start_or_reuse(app: str, start_timeout_s: float) -> concurrent.futures.Future:
     """The future of the live server for `app`, starting one in a thread if there is none."""
     with _LOCK:
         server = _SERVERS.get(app)
@@ -168,7 +168,7 @@ def _start_or_reuse(app: str, start_timeout_s: float) -> concurrent.futures.Futu
 async def ensure_server(app: str, start_timeout_s: float = 60.0) -> LocalServer:
     """The running server for `app` (started on first use, or again after it exited)."""
     # shield: an episode cancelled by its own deadline while waiting must not cancel the start for the others
-    return await asyncio.shield(asyncio.wrap_future(_start_or_reuse(app, start_timeout_s)))
+    return await asyncio.shield(asyncio.wrap_future(start_or_reuse(app, start_timeout_s)))
 
 
 def running(app: str) -> LocalServer | None:

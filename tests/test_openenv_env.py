@@ -222,3 +222,33 @@ def test_the_example_config_loads_and_names_the_fixture_app():
     cfg = load_config(ROOT / "examples" / "agents" / "openenv.yaml")
     assert cfg.env.import_path == "envs.openenv_env:OpenEnvEnv" and cfg.env.kwargs["app"] == TEXT_APP
     OpenEnvEnv(**cfg.env.kwargs)  # the kwargs are the adapter's
+
+
+def test_a_run_starts_the_app_when_it_starts_and_the_first_episode_uses_it(tmp_path):
+    """`prepare` (what train, eval and check run before they start the engines) calls
+    `OpenEnvEnv.prestart`: the example's app comes up with no episode asking for it, and the first reset
+    talks to that same server. (Started by the first reset instead, the app's start-up counted against
+    the first episodes' 30 s turn deadline: on a busy machine all of them timed out.)"""
+    import time
+
+    from agentrl.config.load import load_config
+    from agentrl.startup import prepare
+
+    before = openenv_server.running(TEXT_APP)  # an earlier test's, if any: it must be a new one
+    if before is not None:
+        before.stop()
+    cfg = load_config(ROOT / "examples" / "agents" / "openenv.yaml", [f"train.out_dir={tmp_path}"])
+    prepare(cfg)
+    deadline = time.monotonic() + 120
+    while (server := openenv_server.running(TEXT_APP)) in (None, before):
+        assert time.monotonic() < deadline, "prepare did not start the app's server"
+        time.sleep(0.1)
+    assert server.alive()
+
+    async def first_reset():
+        env = OpenEnvEnv(**cfg.env.kwargs)
+        await env.reset(OpenEnvEnv.make_tasks(1, 0, "eval")[0])
+        await env.close()
+        return env.base_url
+
+    assert run(first_reset()) == server.url

@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = textwrap.dedent("""
     import json, os, sys, time
+    threads = __import__("torch").get_num_threads() if "--threads" in sys.argv else None
     print(json.dumps({"argv": sys.argv[1:], "name": __name__, "cwd": os.getcwd(), "path": sys.path,
-                      "var": os.environ.get("AGENTRL_PROBE"), "main": sys.modules["__main__"].__file__}))
+                      "var": os.environ.get("AGENTRL_PROBE"), "main": sys.modules["__main__"].__file__,
+                      "threads": threads}))
     print("to stderr", file=sys.stderr)
     if "--wait" in sys.argv:
         time.sleep(300)
@@ -48,7 +50,7 @@ def test_a_forked_command_sees_what_a_cold_one_sees(tmp_path, monkeypatch):
     assert seen["path"][:2] == [str(tmp_path), str(tmp_path / "lib")]
     proc = warm_python.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert isinstance(proc, warm_python.WarmProcess)
-    assert Path(f"/proc/{proc.pid}/stat").read_text().split()[3] == str(warm_python._server.proc.pid)
+    assert parent(proc.pid) == server_pid(env)
     out, err = proc.communicate(timeout=60)
     assert err is None and out == cold.stdout + cold.stderr and proc.returncode == 3
 
@@ -71,12 +73,29 @@ def test_signals_reach_the_command_and_its_status_comes_back(tmp_path, monkeypat
     assert proc.wait(timeout=30) == -signal.SIGKILL and proc.poll() == -signal.SIGKILL
 
 
-def test_a_command_whose_environment_the_server_cannot_match_starts_cold(tmp_path, monkeypatch):
-    """OMP_NUM_THREADS is read when torch loads libgomp, in the server long before: such a command is a
-    plain subprocess."""
+def test_a_command_whose_import_time_environment_differs_gets_a_server_started_with_it(tmp_path, monkeypatch):
+    """OMP_NUM_THREADS is read when torch loads libgomp, in the server, before any command: a command
+    that sets it is forked from a server started with it, and its torch runs the threads a cold start's
+    does. (Its own set of servers, closed at the end: the worker's stay for the other tests.)"""
+    monkeypatch.setattr(warm_python, "_servers", {})
     env = {**probe_env(tmp_path, monkeypatch), "OMP_NUM_THREADS": "1"}
-    proc = warm_python.Popen([sys.executable, "-m", "agentrl_probe", "0"], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert isinstance(proc, subprocess.Popen)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 0
+    assert warm_python.import_time(env) != warm_python.import_time(os.environ)
+    cmd = [sys.executable, "-m", "agentrl_probe", "0", "--threads"]
+    cold = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    try:
+        proc = warm_python.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 text=True)
+        assert isinstance(proc, warm_python.WarmProcess) and parent(proc.pid) == server_pid(env)
+        out, _ = proc.communicate(timeout=180)
+        assert out == cold.stdout and json.loads(out)["threads"] == 1
+    finally:
+        for server in warm_python._servers.values():
+            server.close()
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def server_pid(env: dict) -> int:
+    return warm_python._servers[warm_python.import_time(env)].proc.pid

@@ -1,21 +1,23 @@
 """`python -m agentrl.<command>` for the tests, forked from a warm interpreter instead of started cold.
 
 Every command the end-to-end tests run imports torch, transformers, DeepSpeed and vLLM first: about 12
-core-seconds on this machine before it does anything, for each of the suite's ~50 runs, on 2 cores. Each
-pytest worker keeps one server process (started at its first command) that has imported them once; a
+core-seconds on this machine before it does anything, for each of the suite's ~50 runs, on 2 cores. A
+pytest worker keeps a server process (started at its first command) that has imported them once; a
 command is a fork of it that sets the command's argv, environment, working directory and standard
 streams and runs the module as `python -m` would. What the tests see is a process as
 `subprocess.Popen` gives one: its own pid (signals, kill -9, its child processes), exit status,
 stdout and stderr.
 
 A fork differs from a fresh interpreter only in what was read while the server imported: environment
-variables that the libraries read at import (libgomp's OpenMP settings, Hugging Face's paths). So a
-command goes to the server only when its environment differs from the server's in variables that are read
-at run time (`RUNTIME_VARIABLES`); any other command is started as a plain subprocess. Commands are
-`python -m` of this repository's own modules (`MODULES`); the doc tests run the README's commands as a
-user types them and keep real processes.
+variables that the libraries read at import (libgomp's OpenMP settings, Hugging Face's paths, vLLM's
+logging). So a server serves the commands of one import-time environment (`import_time`: everything
+but the variables read at run time, `RUNTIME_VARIABLES`), and a command with another one gets a server
+of its own, up to `MAX_SERVERS` a worker, then a plain subprocess (`WARM_PYTHON_LOG=FILE` lists those).
+Commands are `python -m` of this repository's own modules (`MODULES`); the doc tests run the README's
+commands as a user types them and keep real processes.
 
     python tests/warm_python.py SOCKET      # the server (the client below starts it)
+    WARM_PYTHON=0 pytest ...                # every command started cold, as before
 """
 
 from __future__ import annotations
@@ -38,8 +40,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ("agentrl.",)  # the commands the server runs: `python -m agentrl.<command>`
-# Read when a command runs, not when the server imported: a command may set them to its own values.
-RUNTIME_VARIABLES = ("PYTHONPATH", "CI", "AGENTRL_", "PYTEST_", "VLLM_", "RAY_")
+# Read when a command runs, not when the server imported: a command may set them to its own values. (The
+# torch.distributed ones are what an in-process learner test leaves in the worker's environment.)
+RUNTIME_VARIABLES = ("PYTHONPATH", "CI", "AGENTRL_", "PYTEST_", "VLLM_", "RAY_", "OPENAI_", "MASTER_ADDR",
+                     "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCH_NCCL_")
+IMPORT_TIME_VLLM = ("VLLM_LOGGING", "VLLM_CONFIGURE_LOGGING")  # but vLLM configures its logger at import,
+CLI_DEFAULTS = {"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}  # to what the CLIs set
+MAX_SERVERS = 2  # per pytest worker: each holds the imported libraries (about 1.5 GB)
 PRELOAD = ("torch", "transformers", "deepspeed", "vllm", "vllm.v1.engine.async_llm", "ray", "agentrl.train",
            "agentrl.learner", "agentrl.rollout.engine", "transformers.models.qwen2.modeling_qwen2")
 HEADER = struct.Struct("!Q")  # the request's length; the command's stdin, stdout, stderr ride along with it
@@ -57,6 +64,9 @@ def serve(path: str) -> dict:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
+    from agentrl.stdio import route_library_output
+
+    route_library_output()  # as every agentrl command does before it imports DeepSpeed
     for name in PRELOAD:  # after bind: a first command waits in the backlog instead of failing to connect
         __import__(name)
     sel = selectors.DefaultSelector()
@@ -221,14 +231,14 @@ class WarmProcess:
 
 
 class _Server:
-    """This process's server: started at the first command, ended when this process exits."""
+    """A server for commands with one import-time environment; ends when this process exits."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str]) -> None:
         self.dir = tempfile.mkdtemp(prefix="warm-python-")
         self.path = os.path.join(self.dir, "socket")
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.log = open(os.path.join(self.dir, "server.log"), "wb")
-        self.proc = subprocess.Popen([sys.executable, __file__, self.path], cwd=ROOT, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, __file__, self.path], cwd=ROOT,
+                                     env={**env, "PYTHONPATH": str(ROOT)},
                                      stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT)
         atexit.register(self.close)
 
@@ -246,12 +256,6 @@ class _Server:
                                        f"{Path(self.dir, 'server.log').read_text()[-3000:]}") from None
                 time.sleep(0.05)
 
-    def serves(self, env: dict[str, str]) -> bool:
-        """Whether a command with this environment runs the same forked from the server as started cold."""
-        keys = set(env) | set(self.env)
-        return all(env.get(k) == self.env.get(k) for k in keys
-                   if not k.startswith(RUNTIME_VARIABLES))
-
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
@@ -262,7 +266,40 @@ class _Server:
         self.log.close()
 
 
-_server: _Server | None = None
+def import_time(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The part of `env` a server must have had when it imported: everything but `RUNTIME_VARIABLES`,
+    with vLLM's logging settings as every agentrl command sets them before it imports vLLM."""
+    env = {**CLI_DEFAULTS, **env}
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if not k.startswith(RUNTIME_VARIABLES) or k.startswith(IMPORT_TIME_VLLM)))
+
+
+_servers: dict[tuple, _Server] = {}
+
+
+def _server_for(env: dict[str, str]) -> _Server | None:
+    """The server for `env`'s import-time environment, started now if there is none; None (start the
+    command cold) once `MAX_SERVERS` run for other environments."""
+    key = import_time(env)
+    if key not in _servers:
+        if len(_servers) >= MAX_SERVERS:
+            _note(f"started cold: {MAX_SERVERS} servers run for other environments (differing in {_differing(key)})")
+            return None
+        if _servers:
+            _note(f"server {len(_servers) + 1}: an environment differing in {_differing(key)}")
+        _servers[key] = _Server(dict(key))
+    return _servers[key]
+
+
+def _differing(key: tuple) -> list[str]:
+    first, this = dict(next(iter(_servers))), dict(key)
+    return sorted(k for k in first.keys() | this.keys() if first.get(k) != this.get(k))
+
+
+def _note(line: str) -> None:
+    if os.environ.get("WARM_PYTHON_LOG"):
+        with open(os.environ["WARM_PYTHON_LOG"], "a") as f:
+            f.write(f"{os.getpid()} {line}\n")
 
 
 def _module(cmd: list[str]) -> str | None:
@@ -273,13 +310,9 @@ def _module(cmd: list[str]) -> str | None:
 
 def Popen(cmd: list[str], *, cwd=None, env=None, stdout=None, stderr=None, text: bool = False):  # noqa: N802
     """`subprocess.Popen(cmd, ...)`, forked from the warm server when it can be (see the module's doc)."""
-    global _server
     env = dict(os.environ if env is None else env)
-    if _module(cmd) is None or os.environ.get("WARM_PYTHON") == "0":
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text)
-    if _server is None:
-        _server = _Server()
-    if not _server.serves(env):
+    server = None if _module(cmd) is None or os.environ.get("WARM_PYTHON") == "0" else _server_for(env)
+    if server is None:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text)
     pipes: dict[str, int] = {}
     theirs: list[int] = [os.open(os.devnull, os.O_RDONLY)]
@@ -297,7 +330,7 @@ def Popen(cmd: list[str], *, cwd=None, env=None, stdout=None, stderr=None, text:
         else:
             theirs.append(os.dup(spec if isinstance(spec, int) else spec.fileno()))
     body = json.dumps({"argv": cmd[2:], "env": env, "cwd": str(cwd or os.getcwd())}).encode()
-    conn = _server.connect()
+    conn = server.connect()
     try:
         socket.send_fds(conn, [HEADER.pack(len(body))], theirs)
         conn.sendall(body)
