@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from pathlib import Path
-
-import pytest
 
 import verifiers.v1  # noqa: F401  (scripts/install.sh installs it; missing, this file fails)
 
-from agentrl.chat import ChatFormat
+from agentrl.chat import ChatFormat, ledger_from_messages
 from agentrl.config import RolloutConfig, ServerConfig
 from agentrl.rollout.agent_episode import make_server
 from agentrl.rollout.episode import EpisodeSpec
 from agentrl.rollout.pool import RolloutPool
 from envs.verifiers_env import VerifiersEnv
 from tests.fake_engine import ScriptedEngine
+from tests.fixtures.vf_envs.common import WORDS
+from tests.fixtures.vf_envs.single_turn import demo_tasks, demonstration
 
 FIXTURES = "tests.fixtures.vf_envs"
 
@@ -54,13 +55,17 @@ def prompt_text(tokenizer, prompt_ids) -> str:
     return tokenizer.decode(prompt_ids)
 
 
+def asked_word(tokenizer, prompt_ids) -> str:
+    """The word the fixtures' first user message asks for: "Reply with the word <word>."."""
+    return prompt_text(tokenizer, prompt_ids).split("Reply with the word ", 1)[1].split(".", 1)[0]
+
+
 def test_single_turn_env_scores_its_own_rubric(tiny_tokenizer):
     task_list = tasks("single_turn", 3)
     json.dumps(task_list)  # checkpointable as they are
 
     def script(prompt, index):  # right for "apple", "river", "stone"; wrong otherwise
-        text = prompt_text(tiny_tokenizer, prompt)
-        word = text.rsplit("Reply with the word ", 1)[1].split(".", 1)[0]
+        word = asked_word(tiny_tokenizer, prompt)
         return word if word in ("apple", "river", "stone") else "nope"
 
     episodes = play(tiny_tokenizer, script, task_list)
@@ -79,9 +84,8 @@ def test_multi_turn_env_plays_both_turns_on_one_ledger(tiny_tokenizer):
     task_list = tasks("multi_turn", 2)
 
     def script(prompt, index):  # first reply hedges; after "Are you sure?" the word (or not, for "stone")
-        text = prompt_text(tiny_tokenizer, prompt)
-        word = text.split("Reply with the word ", 1)[1].split(".", 1)[0]
-        if "Are you sure?" not in text:
+        word = asked_word(tiny_tokenizer, prompt)
+        if "Are you sure?" not in prompt_text(tiny_tokenizer, prompt):
             return "maybe"
         return "no" if word == "stone" else word
 
@@ -156,17 +160,8 @@ def test_an_installed_taskset_id_loads_with_a_local_chat_agent(tiny_tokenizer):
 def test_the_warm_start_demonstrations_are_the_conversation_the_rollout_trains_on(tiny_tokenizer):
     """examples/agents/verifiers.yaml warm-starts the default model on the fixture's own demonstrations:
     they must be, token for token, the ledger verifiers' harness produces through the endpoint."""
-    import random
-
-    from agentrl.chat import ledger_from_messages
-    from tests.fixtures.vf_envs.common import WORDS
-    from tests.fixtures.vf_envs.single_turn import demo_tasks, demonstration
-
     task_list = tasks("single_turn", 6)
-    def script(prompt, index):  # the asked word
-        return prompt_text(tiny_tokenizer, prompt).rsplit("Reply with the word ", 1)[1].split(".", 1)[0]
-
-    episodes = play(tiny_tokenizer, script, task_list)
+    episodes = play(tiny_tokenizer, lambda prompt, index: asked_word(tiny_tokenizer, prompt), task_list)
     fmt = ChatFormat(tiny_tokenizer)
     for task, ep in zip(task_list, episodes):
         demo = demonstration({"prompt": task["data"]["prompt"], "answer": task["data"]["answer"]},

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import warm_python
@@ -70,24 +71,43 @@ def test_signals_reach_the_command_and_its_status_comes_back(tmp_path, monkeypat
     except subprocess.TimeoutExpired:
         pass
     proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL and proc.poll() == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while proc.poll() is None:  # poll alone sees it end, as Popen's does
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert proc.returncode == -signal.SIGKILL and proc.wait(timeout=0) == -signal.SIGKILL
 
 
 def test_a_command_whose_import_time_environment_differs_gets_a_server_started_with_it(tmp_path, monkeypatch):
     """OMP_NUM_THREADS is read when torch loads libgomp, in the server, before any command: a command
     that sets it is forked from a server started with it, and its torch runs the threads a cold start's
-    does. (Its own set of servers, closed at the end: the worker's stay for the other tests.)"""
+    does. With one server allowed: while its command runs, a command of another environment starts cold;
+    once it is idle, it makes room for that environment's server. (Its own servers, closed at the end:
+    the worker's stay for the other tests.)"""
     monkeypatch.setattr(warm_python, "_servers", {})
-    env = {**probe_env(tmp_path, monkeypatch), "OMP_NUM_THREADS": "1"}
-    assert warm_python.import_time(env) != warm_python.import_time(os.environ)
+    monkeypatch.setattr(warm_python, "MAX_SERVERS", 1)
+    base = probe_env(tmp_path, monkeypatch)
+    one, two = {**base, "OMP_NUM_THREADS": "1"}, {**base, "OMP_NUM_THREADS": "2"}
+    assert warm_python.import_time(one) != warm_python.import_time(os.environ)
     cmd = [sys.executable, "-m", "agentrl_probe", "0", "--threads"]
-    cold = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     try:
-        proc = warm_python.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                 text=True)
-        assert isinstance(proc, warm_python.WarmProcess) and parent(proc.pid) == server_pid(env)
-        out, _ = proc.communicate(timeout=180)
-        assert out == cold.stdout and json.loads(out)["threads"] == 1
+        for env, threads in ((one, 1), (two, 2)):
+            cold = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            if env is two:  # the server of `one` is busy: `two` starts cold
+                waiting = warm_python.Popen([*cmd, "--wait"], cwd=tmp_path, env=one, stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL)
+                waiting.stdout.readline()
+                assert isinstance(warm_python.Popen(cmd, cwd=tmp_path, env=two, stdout=subprocess.DEVNULL),
+                                  subprocess.Popen)
+                waiting.kill()
+                waiting.communicate(timeout=30)
+                first = warm_python._servers[warm_python.import_time(one)]
+            proc = warm_python.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+            assert isinstance(proc, warm_python.WarmProcess) and parent(proc.pid) == server_pid(env)
+            out, _ = proc.communicate(timeout=180)
+            assert out == cold.stdout and json.loads(out)["threads"] == threads
+        assert list(warm_python._servers) == [warm_python.import_time(two)] and first.proc.poll() is not None
     finally:
         for server in warm_python._servers.values():
             server.close()

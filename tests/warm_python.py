@@ -12,9 +12,9 @@ A fork differs from a fresh interpreter only in what was read while the server i
 variables that the libraries read at import (libgomp's OpenMP settings, Hugging Face's paths, vLLM's
 logging). So a server serves the commands of one import-time environment (`import_time`: everything
 but the variables read at run time, `RUNTIME_VARIABLES`), and a command with another one gets a server
-of its own, up to `MAX_SERVERS` a worker, then a plain subprocess (`WARM_PYTHON_LOG=FILE` lists those).
-Commands are `python -m` of this repository's own modules (`MODULES`); the doc tests run the README's
-commands as a user types them and keep real processes.
+of its own, up to `MAX_SERVERS` a worker (`WARM_PYTHON_LOG=FILE` lists the servers started and the
+commands started cold). Commands are `python -m` of this repository's own modules (`MODULES`); the doc
+tests run the README's commands as a user types them and keep real processes.
 
     python tests/warm_python.py SOCKET      # the server (the client below starts it)
     WARM_PYTHON=0 pytest ...                # every command started cold, as before
@@ -174,8 +174,8 @@ class WarmProcess:
         """The server's next line: {"pid": ...} once forked, {"returncode": ...} once the command ended."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while b"\n" not in self._buffer:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and (left <= 0 or not select.select([self._conn], [], [], left)[0]):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left is not None and not select.select([self._conn], [], [], left)[0]:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             chunk = self._conn.recv(4096)
             if not chunk:
@@ -237,6 +237,7 @@ class _Server:
         self.dir = tempfile.mkdtemp(prefix="warm-python-")
         self.path = os.path.join(self.dir, "socket")
         self.log = open(os.path.join(self.dir, "server.log"), "wb")
+        self.running: list[WarmProcess] = []  # its commands not known to have ended
         self.proc = subprocess.Popen([sys.executable, __file__, self.path], cwd=ROOT,
                                      env={**env, "PYTHONPATH": str(ROOT)},
                                      stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT)
@@ -256,6 +257,10 @@ class _Server:
                                        f"{Path(self.dir, 'server.log').read_text()[-3000:]}") from None
                 time.sleep(0.05)
 
+    def busy(self) -> bool:
+        self.running = [p for p in self.running if p.poll() is None]
+        return bool(self.running)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
@@ -274,20 +279,27 @@ def import_time(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
                         if not k.startswith(RUNTIME_VARIABLES) or k.startswith(IMPORT_TIME_VLLM)))
 
 
-_servers: dict[tuple, _Server] = {}
+_servers: dict[tuple, _Server] = {}  # least recently used first
 
 
 def _server_for(env: dict[str, str]) -> _Server | None:
-    """The server for `env`'s import-time environment, started now if there is none; None (start the
-    command cold) once `MAX_SERVERS` run for other environments."""
+    """The server for `env`'s import-time environment, started now if there is none. At `MAX_SERVERS`
+    the least recently used idle one makes room (a worker's environment changes for good once a test
+    imports vLLM in the worker itself: vLLM sets LD_PRELOAD and a dozen more); None (start the command
+    cold) when every one has a command running."""
     key = import_time(env)
-    if key not in _servers:
-        if len(_servers) >= MAX_SERVERS:
-            _note(f"started cold: {MAX_SERVERS} servers run for other environments (differing in {_differing(key)})")
+    if key in _servers:
+        _servers[key] = _servers.pop(key)
+        return _servers[key]
+    if len(_servers) >= MAX_SERVERS:
+        idle = next((k for k, server in _servers.items() if not server.busy()), None)
+        if idle is None:
+            _note(f"started cold: {MAX_SERVERS} servers are busy (differing in {_differing(key)})")
             return None
-        if _servers:
-            _note(f"server {len(_servers) + 1}: an environment differing in {_differing(key)}")
-        _servers[key] = _Server(dict(key))
+        _servers.pop(idle).close()
+    if _servers:
+        _note(f"server for an environment differing in {_differing(key)}")
+    _servers[key] = _Server(dict(key))
     return _servers[key]
 
 
@@ -337,7 +349,9 @@ def Popen(cmd: list[str], *, cwd=None, env=None, stdout=None, stderr=None, text:
     finally:
         for fd in theirs:
             os.close(fd)
-    return WarmProcess(conn, cmd, pipes, text)
+    proc = WarmProcess(conn, cmd, pipes, text)
+    server.running.append(proc)
+    return proc
 
 
 def run(cmd: list[str], *, cwd=None, env=None, capture_output: bool = False, text: bool = False,
