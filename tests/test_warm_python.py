@@ -27,12 +27,42 @@ PROBE = textwrap.dedent("""
     sys.exit(int(sys.argv[1]))
 """)
 
+# A command that starts multiprocessing's fork server (as agentrl.rollout.core_process does for the engine
+# cores) and a process from it; prints what the process saw and what the server is.
+FORK_SERVER_PROBE = textwrap.dedent("""
+    import json, multiprocessing, os, sys
+    from multiprocessing import forkserver
+
+    def report(queue):
+        queue.put({"var": os.environ.get("AGENTRL_PROBE"), "name": multiprocessing.current_process().name,
+                   "parent": multiprocessing.parent_process().pid})
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["json"])
+        queue = ctx.SimpleQueue()
+        child = ctx.Process(target=report, args=(queue,), name="probe-child")
+        child.start()
+        seen = queue.get()
+        seen["parent"] = seen["parent"] == os.getpid()  # its multiprocessing parent is this command
+        child.join()
+        server = forkserver._forkserver._forkserver_pid
+        with open(f"/proc/{server}/stat") as f:
+            server_parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{server}/cmdline") as f:
+            spawned = "multiprocessing.forkserver" in f.read()
+        print(json.dumps({"child": seen, "exitcode": child.exitcode, "server_is_my_child": server_parent == os.getpid(),
+                          "server_fds": sorted(int(fd) for fd in os.listdir(f"/proc/{server}/fd"))}))
+        print(json.dumps({"server": server, "spawned": spawned}))
+""")
+
 
 def probe_env(tmp_path: Path, monkeypatch) -> dict:
     """A module `agentrl_probe` on PYTHONPATH that the server runs (as it runs `agentrl.*`)."""
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "agentrl_probe.py").write_text(PROBE)
+    (lib / "agentrl_probe_forks.py").write_text(FORK_SERVER_PROBE)
     monkeypatch.setattr(warm_python, "MODULES", ("agentrl.", "agentrl_probe"))
     return {**os.environ, "PYTHONPATH": f"{lib}{os.pathsep}{ROOT}", "AGENTRL_PROBE": "set by the test"}
 
@@ -54,6 +84,35 @@ def test_a_forked_command_sees_what_a_cold_one_sees(tmp_path, monkeypatch):
     assert parent(proc.pid) == server_pid(env)
     out, err = proc.communicate(timeout=60)
     assert err is None and out == cold.stdout + cold.stderr and proc.returncode == 3
+
+
+def test_a_forked_commands_fork_server_is_a_fork_of_it_that_serves_as_a_spawned_one(tmp_path, monkeypatch):
+    """The fork server a command starts is its child with the same open descriptors as a spawned one (no
+    copy of the command's: a kept "alive" pipe end would keep it running forever), its processes see the
+    command's environment and their multiprocessing parent, and it ends when the command does. Only the
+    warm one is a fork of the command rather than a fresh interpreter (the imports it saves)."""
+    env = probe_env(tmp_path, monkeypatch)
+    cmd = [sys.executable, "-m", "agentrl_probe_forks"]
+    cold = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    warm = warm_python.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert cold.returncode == 0 and warm.returncode == 0, cold.stderr + warm.stderr
+    (cold_seen, cold_server), (warm_seen, warm_server) = ([json.loads(line) for line in run.stdout.splitlines()]
+                                                          for run in (cold, warm))
+    assert warm_seen == cold_seen
+    assert warm_seen["child"] == {"var": "set by the test", "name": "probe-child", "parent": True}
+    assert warm_seen["exitcode"] == 0 and warm_seen["server_is_my_child"]
+    assert cold_server["spawned"] and not warm_server["spawned"]
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{warm_server['server']}").exists() and not zombie(warm_server["server"]):
+        assert time.monotonic() < deadline, "the fork server outlived its command"
+        time.sleep(0.1)
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_signals_reach_the_command_and_its_status_comes_back(tmp_path, monkeypatch):

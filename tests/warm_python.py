@@ -16,6 +16,12 @@ of its own, up to `MAX_SERVERS` a worker (`WARM_PYTHON_LOG=FILE` lists the serve
 commands started cold). Commands are `python -m` of this repository's own modules (`MODULES`); the doc
 tests run the README's commands as a user types them and keep real processes.
 
+A command that starts a local engine also starts multiprocessing's fork server for the engine cores
+(agentrl.rollout.core_process), which is a fresh interpreter importing torch and vLLM again (about 17
+core-seconds here, more than the command's own imports). In a forked command that server is a fork of
+the command instead (`fork_server_by_fork`): the same process tree (the command's child, the engine
+cores below it), file descriptors, preload and protocol, without the imports.
+
     python tests/warm_python.py SOCKET      # the server (the client below starts it)
     WARM_PYTHON=0 pytest ...                # every command started cold, as before
 """
@@ -23,7 +29,9 @@ tests run the README's commands as a user types them and keep real processes.
 from __future__ import annotations
 
 import atexit
+import gc
 import json
+import multiprocessing.util
 import os
 import runpy
 import select
@@ -69,6 +77,12 @@ def serve(path: str) -> dict:
     route_library_output()  # as every agentrl command does before it imports DeepSpeed
     for name in PRELOAD:  # after bind: a first command waits in the backlog instead of failing to connect
         __import__(name)
+    # setproctitle (vLLM names its engine cores with it) finds room for a title in the argv and environ
+    # strings only while the C environment is where the interpreter put it; a command replaces the
+    # environment, and its engine cores are forks of it (`fork_server_by_fork`). Set up here, first.
+    import setproctitle
+
+    setproctitle.getproctitle()
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin, selectors.EVENT_READ, "parent")
@@ -150,7 +164,58 @@ def run_request(request: dict) -> None:
     package, _, name = module.rpartition(".")
     if package in sys.modules and hasattr(sys.modules[package], name):
         delattr(sys.modules[package], name)
+    multiprocessing.util.spawnv_passfds = fork_server_by_fork(multiprocessing.util.spawnv_passfds)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+FORK_SERVER_MAIN = "from multiprocessing.forkserver import main; "  # the code forkserver.ensure_running spawns
+RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def fork_server_by_fork(spawnv_passfds):
+    """`multiprocessing.util.spawnv_passfds` that starts the fork server as a fork of this process.
+
+    What the spawned server would be and the fork is not, it is made to be: only stdin, stdout, stderr
+    and the passed descriptors open (a kept copy of the "alive" pipe's write end would keep the server
+    from ever seeing its clients go), default signal handlers with none blocked (the command's would run
+    in the server), no wakeup fd. The garbage collector leaves the command's objects alone, so that no
+    finalizer of one of them closes a descriptor number the server has reused. Everything else (the
+    resource tracker) is spawned as before."""
+
+    def spawn_or_fork(path, args, passfds):
+        if len(args) < 2 or args[-2] != "-c" or not args[-1].startswith(FORK_SERVER_MAIN):
+            return spawnv_passfds(path, args, passfds)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return pid
+        code = 1
+        try:
+            gc.freeze()
+            signal.set_wakeup_fd(-1)
+            for sig in RESET_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            keep = {0, 1, 2, *map(int, passfds)}
+            for fd in map(int, os.listdir("/proc/self/fd")):
+                if fd not in keep:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass  # the listing's own descriptor, closed already
+            exec(args[-1], {"__name__": "__forkserver__"})
+            code = 0
+        except SystemExit as exc:  # the server's way out: its clients are gone
+            code = exc.code if isinstance(exc.code, int) else 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    return spawn_or_fork
 
 
 # ---------------------------------------------------------------------------------------------- client
