@@ -6,9 +6,10 @@
       # kwargs: {app: "tests.fixtures.openenv_guess:app"}  # an installed server app, started here
 
 With `app:` the adapter runs `python -m uvicorn <app>` on loopback and a free port, once per process,
-from the run's start (`prestart`), shared by every episode and stopped at exit (`envs.openenv_server`). Each episode is one OpenEnv
-WebSocket session (the server gives each its own environment instance), opened by `reset` and closed by
-`close`: the server must allow `rollout.max_concurrency` sessions (`create_app(..., max_concurrent_envs=)`).
+from the run's start (`prestart`), shared by every episode and stopped at exit (`envs.openenv_server`).
+Each episode is one OpenEnv WebSocket session (the server gives each its own environment instance),
+opened by `reset` and closed by `close`: the server must allow `rollout.max_concurrency` sessions
+(`create_app(..., max_concurrent_envs=)`).
 
 Tasks: `reset(task)` sends the task's keys but "id" (or only `reset_keys`) as OpenEnv reset arguments, so
 `{"id": "train-3", "seed": 17}` becomes `reset(seed=17)`; the server passes on only the arguments its

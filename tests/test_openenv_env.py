@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -22,8 +23,10 @@ from fake_engine import ScriptedEngine
 
 from agentrl.chat import ChatFormat
 from agentrl.config import RolloutConfig
+from agentrl.config.load import load_config
 from agentrl.env import Action
 from agentrl.rollout.episode import EpisodeSpec, run_episode
+from agentrl.startup import prepare
 from envs import openenv_server
 from envs.openenv_env import OpenEnvEnv, OpenEnvError, extract_json_object, render
 
@@ -217,8 +220,6 @@ def test_render_and_json_extraction():
 
 
 def test_the_example_config_loads_and_names_the_fixture_app():
-    from agentrl.config.load import load_config
-
     cfg = load_config(ROOT / "examples" / "agents" / "openenv.yaml")
     assert cfg.env.import_path == "envs.openenv_env:OpenEnvEnv" and cfg.env.kwargs["app"] == TEXT_APP
     OpenEnvEnv(**cfg.env.kwargs)  # the kwargs are the adapter's
@@ -229,11 +230,6 @@ def test_a_run_starts_the_app_when_it_starts_and_the_first_episode_uses_it(tmp_p
     `OpenEnvEnv.prestart`: the example's app comes up with no episode asking for it, and the first reset
     talks to that same server. (Started by the first reset instead, the app's start-up counted against
     the first episodes' 30 s turn deadline: on a busy machine all of them timed out.)"""
-    import time
-
-    from agentrl.config.load import load_config
-    from agentrl.startup import prepare
-
     before = openenv_server.running(TEXT_APP)  # an earlier test's, if any: it must be a new one
     if before is not None:
         before.stop()
