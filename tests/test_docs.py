@@ -36,6 +36,9 @@ Success: exit 0; a train run's `summary.json` and a `metrics.jsonl` of 2 lines; 
 `summary.json` with 2 steps; `agentrl.models prepare` prints one line, an existing folder, and nothing
 else on stdout; the pipeline's PPO stage trained 2 steps and it printed its summary.
 
+Started as: train and stage commands fork from tests/warm_python.py's warm interpreter, as the
+end-to-end tests' do (FORKED_KINDS: the argv bash would run); the rest run under bash, cold.
+
 Not runnable here: a marker in the markdown just above the fence (see tests/doc_blocks.py) skips the
 block, or the block's commands starting with a prefix, with its reason (listed by `pytest -ra`). An
 unmarked command no rule adapts fails, naming its file:line.
@@ -68,6 +71,7 @@ from pathlib import Path
 
 import pytest
 
+import warm_python
 from tests import doc_blocks
 from tests.doc_blocks import ROOT, STEPS, CannotAdapt, Command, adapt
 
@@ -83,6 +87,12 @@ for _cmd in COMMANDS:
     if _cmd.file in YAML_RUN_BY:
         _cmd.run_by = YAML_RUN_BY[_cmd.file]
 TIMEOUT_S = 900
+# Train and stage commands (`python -m agentrl.train | sft | rm ...`) are started as the end-to-end tests
+# start theirs: forked from tests/warm_python.py's interpreter, which has imported torch, DeepSpeed and
+# vLLM (with the argv bash would run, the block's environment, folder and streams). Nothing checks their
+# stdout. The commands whose stdout is the test (`agentrl.models prepare`, `W=$(...)`), servers and
+# run.sh keep a fresh interpreter each, under bash: a library that prints on import shows there.
+FORKED_KINDS = ("train", "stage")
 
 
 @dataclass
@@ -254,8 +264,14 @@ def run_plan(cmd: Command, plan, block: Block, env: dict) -> None:
     if plan.kind == "assign":
         names = re.findall(r"(?:^|;)\s*([A-Za-z_]\w*)=", plan.script)
         script += "\n" + "".join(f'printf "%s\\0" "${name}"\n' for name in names)
-    proc = subprocess.run(["bash", "-c", script], cwd=block.dir, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+    if plan.kind in FORKED_KINDS:
+        # The block's shell variables are bash's, not exported: the command's environment has none of them.
+        exported = {k: v for k, v in env.items() if k not in block.vars}
+        proc = warm_python.run(bash_argv(script, block.dir, env), cwd=block.dir, env=exported,
+                               capture_output=True, text=True, timeout=TIMEOUT_S)
+    else:
+        proc = subprocess.run(["bash", "-c", script], cwd=block.dir, env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_S)
     where = f"{cmd.id}: `{plan.script}`"
     assert proc.returncode == 0, f"{where} exited {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-8000:]}"
     out = block.dir / plan.out_dir if plan.out_dir else None
@@ -287,9 +303,23 @@ def run_plan(cmd: Command, plan, block: Block, env: dict) -> None:
         raise AssertionError(plan.kind)
 
 
+def bash_argv(script: str, cwd: Path, env: dict) -> list[str]:
+    """The argv bash runs for `script`, a simple command (a train or stage plan): its words expanded by
+    bash itself ($W, $D/pairs.jsonl from the block's assignments), printed instead of executed."""
+    words = subprocess.run(["bash", "-c", f"printf '%s\\0' {script}"], cwd=cwd, env=env, capture_output=True,
+                           text=True, check=True).stdout
+    return words.split("\0")[:-1]
+
+
 def test_every_yaml_pointer_is_an_example_no_readme_trains():
     collected = {c.file for c in COMMANDS if c.file.endswith(".yaml")}
     assert set(YAML_RUN_BY) <= collected, set(YAML_RUN_BY) - collected
+
+
+def test_bash_argv_is_the_argv_bash_expands(tmp_path):
+    script = "/py -m agentrl.dpo --model $W --dataset $D/pairs.jsonl --out 'a b' --x=\"$W\"/c"
+    assert bash_argv(script, tmp_path, {"W": "/m", "D": "runs/d", "PATH": os.environ["PATH"]}) == \
+        ["/py", "-m", "agentrl.dpo", "--model", "/m", "--dataset", "runs/d/pairs.jsonl", "--out", "a b", "--x=/m/c"]
 
 
 def test_a_run_by_pointer_is_checked(tmp_path):
