@@ -261,6 +261,41 @@ def test_a_load_begun_on_an_engine_life_a_restart_replaced_does_not_restart_the_
     asyncio.run(run())
 
 
+def test_a_late_close_from_the_life_before_a_restart_leaves_the_new_group_alone():
+    """An engine dies during a collective load; the fleet restarts it, and the new life joins a new
+    group. The failed load's clean-up (`close` of its group) reaches the hub only after that: it must
+    drop the dead life's group, not the one the new life just opened (which made the new life's join
+    fail with KeyError and cost a second restart once restarts took 2 s)."""
+    from agentrl.rollout.collective_load import join
+
+    class Hub:  # SenderHub's bookkeeping of groups by key
+        def __init__(self):
+            self.endpoints: dict[str, str] = {}
+
+        async def call(self, method, key, *args):
+            if method == "open":
+                self.endpoints[key] = "group"
+                return {}
+            if method == "join":
+                return self.endpoints[key]  # KeyError for a dropped group, as SenderHub.join
+            assert method == "close", method
+            self.endpoints.pop(key, None)
+
+    class Joining(Member):
+        async def join_weight_group(self, init_info):
+            pass
+
+    async def run():
+        hub, m = Hub(), Joining(0)
+        old = await join(m, hub.call)
+        m.epoch += 1  # restarted (the fleet's _restart)
+        new = await join(m, hub.call)
+        await hub.call("close", old)  # the dead life's failed load cleans up late
+        assert new != old and list(hub.endpoints) == [new]
+        assert await join(m, hub.call) == new and m.group == m.epoch  # joined: no new group
+    asyncio.run(run())
+
+
 def test_a_collective_load_closed_with_its_loop_closes_without_awaiting():
     """A load still waiting when its task is destroyed (the loop ends, or the task is collected) is
     closed by GeneratorExit; its clean-up must not await, or the close becomes a RuntimeError that the

@@ -30,7 +30,7 @@ PROBE = textwrap.dedent("""
 # A command that starts multiprocessing's fork server (as agentrl.rollout.core_process does for the engine
 # cores) and a process from it; prints what the process saw and what the server is.
 FORK_SERVER_PROBE = textwrap.dedent("""
-    import json, multiprocessing, os, sys
+    import json, multiprocessing, os, sys, time
     from multiprocessing import forkserver
 
     def report(queue):
@@ -51,8 +51,14 @@ FORK_SERVER_PROBE = textwrap.dedent("""
             server_parent = int(f.read().rsplit(")", 1)[1].split()[1])
         with open(f"/proc/{server}/cmdline") as f:
             spawned = "multiprocessing.forkserver" in f.read()
+        # The server's descriptors between requests: it closes the one it kept for the child when its
+        # SIGCHLD arrives, so read until three reads agree.
+        reads = []
+        while len(reads) < 3 or reads[-3:] != [reads[-1]] * 3:
+            reads.append(sorted(int(fd) for fd in os.listdir(f"/proc/{server}/fd")))
+            time.sleep(0.2)
         print(json.dumps({"child": seen, "exitcode": child.exitcode, "server_is_my_child": server_parent == os.getpid(),
-                          "server_fds": sorted(int(fd) for fd in os.listdir(f"/proc/{server}/fd"))}))
+                          "server_fds": reads[-1]}))
         print(json.dumps({"server": server, "spawned": spawned}))
 """)
 

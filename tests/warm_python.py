@@ -55,8 +55,11 @@ RUNTIME_VARIABLES = ("PYTHONPATH", "CI", "AGENTRL_", "PYTEST_", "VLLM_", "RAY_",
 IMPORT_TIME_VLLM = ("VLLM_LOGGING", "VLLM_CONFIGURE_LOGGING")  # but vLLM configures its logger at import,
 CLI_DEFAULTS = {"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}  # to what the CLIs set
 MAX_SERVERS = 2  # per pytest worker: each holds the imported libraries (about 1.5 GB)
+# The commands' imports, then what their engine cores' fork server preloads (agentrl.rollout.core_process:
+# under `fork_server_by_fork` it imports nothing more, and prints nothing: torch warns on stderr there).
 PRELOAD = ("torch", "transformers", "deepspeed", "vllm", "vllm.v1.engine.async_llm", "ray", "agentrl.train",
-           "agentrl.learner", "agentrl.rollout.engine", "transformers.models.qwen2.modeling_qwen2")
+           "agentrl.learner", "agentrl.rollout.engine", "transformers.models.qwen2.modeling_qwen2",
+           "agentrl.rollout.core_process")
 HEADER = struct.Struct("!Q")  # the request's length; the command's stdin, stdout, stderr ride along with it
 
 
@@ -76,6 +79,10 @@ def serve(path: str) -> dict:
 
     route_library_output()  # as every agentrl command does before it imports DeepSpeed
     for name in PRELOAD:  # after bind: a first command waits in the backlog instead of failing to connect
+        __import__(name)
+    from agentrl.rollout import core_process
+
+    for name in core_process.PRELOAD:
         __import__(name)
     # setproctitle (vLLM names its engine cores with it) finds room for a title in the argv and environ
     # strings only while the C environment is where the interpreter put it; a command replaces the

@@ -46,11 +46,20 @@ async def load_into(member, handover: Any, version: int) -> float:
         raise
 
 
+def group_key(index: int, epoch: int) -> str:
+    """The hub's name for engine `index`'s group in its life `epoch`. One name per life: the clean-up of
+    a load that failed when an engine died (`close`) can reach the hub after the restarted engine has
+    opened its new group, and must drop only the dead life's."""
+    return f"engine{index}.{epoch}"
+
+
 async def join(member, call) -> str:
     """Make sure `member`'s engine of this life is in a group with the hub (`call(hub_method, *args)`);
     returns the group's key."""
-    key = f"engine{member.index}"
+    key = group_key(member.index, member.epoch)
     if member.group != member.epoch:
+        if member.group is not None:  # the group of an earlier life, whose engine is gone
+            await call("close", group_key(member.index, member.group))
         init_info = await call("open", key, member.workers)
         # The receivers and the sender rendezvous together: neither returns until all have joined.
         await _both(member.join_weight_group(init_info), call("join", key))
