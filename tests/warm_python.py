@@ -14,7 +14,8 @@ logging). So a server serves the commands of one import-time environment (`impor
 but the variables read at run time, `RUNTIME_VARIABLES`), and a command with another one gets a server
 of its own, up to `MAX_SERVERS` a worker (`WARM_PYTHON_LOG=FILE` lists the servers started and the
 commands started cold). Commands are `python -m` of this repository's own modules (`MODULES`); the doc
-tests run the README's commands as a user types them and keep real processes.
+test forks its train and stage commands here too, and runs the rest (those whose stdout it checks,
+servers, run.sh) under bash, cold.
 
 A command that starts a local engine also starts multiprocessing's fork server for the engine cores
 (agentrl.rollout.core_process), which is a fresh interpreter importing torch and vLLM again (about 17
@@ -55,11 +56,10 @@ RUNTIME_VARIABLES = ("PYTHONPATH", "CI", "AGENTRL_", "PYTEST_", "VLLM_", "RAY_",
 IMPORT_TIME_VLLM = ("VLLM_LOGGING", "VLLM_CONFIGURE_LOGGING")  # but vLLM configures its logger at import,
 CLI_DEFAULTS = {"VLLM_LOGGING_LEVEL": "ERROR", "VLLM_LOGGING_STREAM": "ext://sys.stderr"}  # to what the CLIs set
 MAX_SERVERS = 2  # per pytest worker: each holds the imported libraries (about 1.5 GB)
-# The commands' imports, then what their engine cores' fork server preloads (agentrl.rollout.core_process:
-# under `fork_server_by_fork` it imports nothing more, and prints nothing: torch warns on stderr there).
+# The commands' imports; the server adds what their engine cores' fork server preloads
+# (core_process.PRELOAD: under `fork_server_by_fork` it imports nothing more, and prints nothing there).
 PRELOAD = ("torch", "transformers", "deepspeed", "vllm", "vllm.v1.engine.async_llm", "ray", "agentrl.train",
-           "agentrl.learner", "agentrl.rollout.engine", "transformers.models.qwen2.modeling_qwen2",
-           "agentrl.rollout.core_process")
+           "agentrl.learner", "agentrl.rollout.engine", "transformers.models.qwen2.modeling_qwen2")
 HEADER = struct.Struct("!Q")  # the request's length; the command's stdin, stdout, stderr ride along with it
 
 
@@ -75,14 +75,11 @@ def serve(path: str) -> dict:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
+    from agentrl.rollout import core_process  # standard library imports only
     from agentrl.stdio import route_library_output
 
     route_library_output()  # as every agentrl command does before it imports DeepSpeed
-    for name in PRELOAD:  # after bind: a first command waits in the backlog instead of failing to connect
-        __import__(name)
-    from agentrl.rollout import core_process
-
-    for name in core_process.PRELOAD:
+    for name in (*PRELOAD, *core_process.PRELOAD):  # after bind: a first command waits in the backlog
         __import__(name)
     # setproctitle (vLLM names its engine cores with it) finds room for a title in the argv and environ
     # strings only while the C environment is where the interpreter put it; a command replaces the
