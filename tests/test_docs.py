@@ -37,7 +37,8 @@ Success: exit 0; a train run's `summary.json` and a `metrics.jsonl` of 2 lines; 
 else on stdout; the pipeline's PPO stage trained 2 steps and it printed its summary.
 
 Started as: train and stage commands fork from tests/warm_python.py's warm interpreter, as the
-end-to-end tests' do (FORKED_KINDS: the argv bash would run); the rest run under bash, cold.
+end-to-end tests' do (FORKED_KINDS: the argv bash would run), and so do run.sh's own stages (its
+`$PYTHON`); the rest run under bash, cold.
 
 Not runnable here: a marker in the markdown just above the fence (see tests/doc_blocks.py) skips the
 block, or the block's commands starting with a prefix, with its reason (listed by `pytest -ra`). An
@@ -90,9 +91,11 @@ TIMEOUT_S = 900
 # Train and stage commands (`python -m agentrl.train | sft | rm ...`) are started as the end-to-end tests
 # start theirs: forked from tests/warm_python.py's interpreter, which has imported torch, DeepSpeed and
 # vLLM (with the argv bash would run, the block's environment, folder and streams). Nothing checks their
-# stdout. The commands whose stdout is the test (`agentrl.models prepare`, `W=$(...)`), servers and
-# run.sh keep a fresh interpreter each, under bash: a library that prints on import shows there.
+# stdout. So do run.sh's stages (its $PYTHON: warm_python.script_python). The commands whose stdout is
+# the test (`agentrl.models prepare`, `W=$(...)`, run.sh's `BASE=$(...)`) and servers keep a fresh
+# interpreter each, under bash: a library that prints on import shows there.
 FORKED_KINDS = ("train", "stage")
+COLD_MODULES = ("agentrl.models",)
 
 
 @dataclass
@@ -269,6 +272,10 @@ def run_plan(cmd: Command, plan, block: Block, env: dict) -> None:
         exported = {k: v for k, v in env.items() if k not in block.vars}
         proc = warm_python.run(bash_argv(script, block.dir, env), cwd=block.dir, env=exported,
                                capture_output=True, text=True, timeout=TIMEOUT_S)
+    elif plan.kind == "pipeline":  # run.sh's own `"$PYTHON" -m agentrl.<stage>` fork; its prepare stays cold
+        with warm_python.script_python(env, script_variables=tuple(plan.env), cold=COLD_MODULES) as python:
+            proc = subprocess.run(["bash", "-c", script], cwd=block.dir, env={**env, **python}, capture_output=True,
+                                  text=True, timeout=TIMEOUT_S)
     else:
         proc = subprocess.run(["bash", "-c", script], cwd=block.dir, env=env, capture_output=True, text=True,
                               timeout=TIMEOUT_S)

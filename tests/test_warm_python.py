@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
+
 import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,9 +150,11 @@ def test_a_command_whose_import_time_environment_differs_gets_a_server_started_w
     that sets it is forked from a server started with it, and its torch runs the threads a cold start's
     does. With one server allowed: while its command runs, a command of another environment starts cold;
     once it is idle, it makes room for that environment's server. (Its own servers, closed at the end:
-    the worker's stay for the other tests.)"""
+    the worker's stay for the other tests. They import torch alone: the threads are libgomp's, set when
+    torch loads it, and two full servers cost about 40 core-seconds.)"""
     monkeypatch.setattr(warm_python, "_servers", {})
     monkeypatch.setattr(warm_python, "MAX_SERVERS", 1)
+    monkeypatch.setattr(warm_python, "preload", lambda: ("torch",))
     base = probe_env(tmp_path, monkeypatch)
     one, two = {**base, "OMP_NUM_THREADS": "1"}, {**base, "OMP_NUM_THREADS": "2"}
     assert warm_python.import_time(one) != warm_python.import_time(os.environ)
@@ -184,3 +188,32 @@ def parent(pid: int) -> int:
 
 def server_pid(env: dict) -> int:
     return warm_python._servers[warm_python.import_time(env)].proc.pid
+
+
+def test_a_scripts_python_forks_its_agentrl_commands_and_runs_the_rest_as_the_real_interpreter(tmp_path, monkeypatch):
+    """A script run with `script_python`'s variables (as the doc test runs examples/pipeline/run.sh) prints
+    what it prints with $PYTHON the real interpreter: `-m` commands forked, a module kept cold, `-c` and a
+    script on stdin exec'd; its settings (RL_STEPS) do not change the server. A forked command is the
+    server's child; a signal to $PYTHON reaches it, and the script sees the status a cold one gives."""
+    env = {**probe_env(tmp_path, monkeypatch), "RL_STEPS": "2"}
+    script = ('"$PYTHON" -m agentrl_probe 3 "two words"; echo "rc=$?"; "$PYTHON" -m agentrl_probe_cold 0; '
+              '"$PYTHON" -c "import sys; print(sys.argv[1:])" a b; "$PYTHON" - x <<< "import sys; print(sys.argv[1:])"')
+    (tmp_path / "lib" / "agentrl_probe_cold.py").write_text(PROBE)
+    cold = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**env, "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=120)
+    assert cold.returncode == 0 and "rc=3" in cold.stdout, cold.stderr
+    with warm_python.script_python(env, script_variables=("RL_STEPS",), cold=("agentrl_probe_cold",)) as python:
+        assert python["PYTHON"] != sys.executable
+        server = psutil.Process(server_pid({k: v for k, v in env.items() if k != "RL_STEPS"}))
+        warm = subprocess.run(["bash", "-c", script], cwd=tmp_path, env={**env, **python}, capture_output=True,
+                              text=True, timeout=180)
+        assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+        assert server.children() == []  # each forked command ended
+        waiting = subprocess.Popen(["bash", "-c", 'exec "$PYTHON" -m agentrl_probe 0 --wait'], cwd=tmp_path,
+                                   env={**env, **python}, stdout=subprocess.PIPE, text=True)
+        assert json.loads(waiting.stdout.readline())["argv"] == ["0", "--wait"]
+        assert len(server.children()) == 1  # forked: the command runs below the server, not below $PYTHON
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(timeout=30) == -signal.SIGTERM  # as `exec python ...` killed by SIGTERM reports
+    assert not warm_python._servers[warm_python.import_time(
+        {k: v for k, v in env.items() if k != "RL_STEPS"})].busy()

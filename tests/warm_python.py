@@ -14,8 +14,8 @@ logging). So a server serves the commands of one import-time environment (`impor
 but the variables read at run time, `RUNTIME_VARIABLES`), and a command with another one gets a server
 of its own, up to `MAX_SERVERS` a worker (`WARM_PYTHON_LOG=FILE` lists the servers started and the
 commands started cold). Commands are `python -m` of this repository's own modules (`MODULES`); the doc
-test forks its train and stage commands here too, and runs the rest (those whose stdout it checks,
-servers, run.sh) under bash, cold.
+test forks its train and stage commands here too, and run.sh's stages (below), and runs the rest (those
+whose stdout it checks, servers) under bash, cold.
 
 A command that starts a local engine also starts multiprocessing's fork server for the engine cores
 (agentrl.rollout.core_process), which is a fresh interpreter importing torch and vLLM again (about 17
@@ -23,14 +23,23 @@ core-seconds here, more than the command's own imports). In a forked command tha
 the command instead (`fork_server_by_fork`): the same process tree (the command's child, the engine
 cores below it), file descriptors, preload and protocol, without the imports.
 
-    python tests/warm_python.py SOCKET      # the server (the client below starts it)
-    WARM_PYTHON=0 pytest ...                # every command started cold, as before
+A script's own commands (examples/pipeline/run.sh runs its stages as `"$PYTHON" -m agentrl.sft ...`) fork
+too when the test runs it with `script_python`'s variables: $PYTHON is then this file in `--exec` mode, a
+client (standard library only, a few milliseconds) that has the server run `-m agentrl.*`, hands it its
+own stdin, stdout and stderr, passes on the signals it gets and exits as the command did; anything else
+(`-c`, a script file, stdin, a module kept cold) it hands to the real interpreter by exec.
+
+    python tests/warm_python.py SOCKET MODULES      # the server (the client below starts it)
+    python -S tests/warm_python.py --exec ARGS...   # $PYTHON in a script (see `script_python`)
+    WARM_PYTHON=0 pytest ...                        # every command started cold, as before
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
+import hashlib
 import json
 import multiprocessing.util
 import os
@@ -45,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,26 +70,34 @@ MAX_SERVERS = 2  # per pytest worker: each holds the imported libraries (about 1
 # (core_process.PRELOAD: under `fork_server_by_fork` it imports nothing more, and prints nothing there).
 PRELOAD = ("torch", "transformers", "deepspeed", "vllm", "vllm.v1.engine.async_llm", "ray", "agentrl.train",
            "agentrl.learner", "agentrl.rollout.engine", "transformers.models.qwen2.modeling_qwen2")
+
+
+def preload() -> tuple[str, ...]:
+    """What a server imports before its first command (a test of the server itself may import less)."""
+    from agentrl.rollout import core_process  # standard library imports only
+
+    return (*PRELOAD, *core_process.PRELOAD)
+
+
 HEADER = struct.Struct("!Q")  # the request's length; the command's stdin, stdout, stderr ride along with it
 
 
 # ---------------------------------------------------------------------------------------------- server
 
 
-def serve(path: str) -> dict:
-    """Accept commands until stdin closes (the pytest worker exited). Returns, in a forked child only, the
-    request that child is to run."""
+def serve(path: str, modules: list[str]) -> dict:
+    """Import `modules`, then accept commands until stdin closes (the pytest worker exited). Returns, in a
+    forked child only, the request that child is to run."""
     # sys.path less what this script's directory and PYTHONPATH added: the installation's own entries.
     own = {str(Path(__file__).parent), *os.environ.get("PYTHONPATH", "").split(os.pathsep)}
     base_path = [p for p in sys.path if p not in own]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
-    from agentrl.rollout import core_process  # standard library imports only
     from agentrl.stdio import route_library_output
 
     route_library_output()  # as every agentrl command does before it imports DeepSpeed
-    for name in (*PRELOAD, *core_process.PRELOAD):  # after bind: a first command waits in the backlog
+    for name in modules:  # after bind: a first command waits in the backlog
         __import__(name)
     # setproctitle (vLLM names its engine cores with it) finds room for a title in the argv and environ
     # strings only while the C environment is where the interpreter put it; a command replaces the
@@ -307,7 +325,7 @@ class _Server:
         self.path = os.path.join(self.dir, "socket")
         self.log = open(os.path.join(self.dir, "server.log"), "wb")
         self.running: list[WarmProcess] = []  # its commands not known to have ended
-        self.proc = subprocess.Popen([sys.executable, __file__, self.path], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, __file__, self.path, ",".join(preload())], cwd=ROOT,
                                      env={**env, "PYTHONPATH": str(ROOT)},
                                      stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT)
         atexit.register(self.close)
@@ -439,7 +457,102 @@ def run(cmd: list[str], *, cwd=None, env=None, capture_output: bool = False, tex
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+# ------------------------------------------------------------------------------- $PYTHON of a script
+
+EXEC_VARIABLES = ("WARM_PYTHON_SOCKET", "WARM_PYTHON_KEY", "WARM_PYTHON_REAL", "WARM_PYTHON_MODULES",
+                  "WARM_PYTHON_COLD", "WARM_PYTHON_SCRIPT_VARIABLES")
+SHELL_VARIABLES = ("SHLVL", "_", "PWD", "OLDPWD")  # what bash sets in what it runs; nothing imports them
+
+
+def _without(env: dict[str, str], names) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in names}
+
+
+def _script_key(env: dict[str, str], script_variables) -> str:
+    """The import-time environment of a script's command, as a digest: without bash's own variables and
+    those only the script reads (RL_STEPS), which a server started for the test's environment lacks."""
+    own = _without(env, (*EXEC_VARIABLES, *SHELL_VARIABLES, *script_variables))
+    return hashlib.sha256(json.dumps(import_time(own)).encode()).hexdigest()
+
+
+class _Holder:
+    """Keeps a server counted busy (`_Server.busy`) while a script may still send it commands."""
+
+    def __init__(self) -> None:
+        self.done: int | None = None
+
+    def poll(self) -> int | None:
+        return self.done
+
+
+@contextlib.contextmanager
+def script_python(env: dict[str, str], script_variables: tuple[str, ...] = (),
+                  cold: tuple[str, ...] = ()) -> Iterator[dict[str, str]]:
+    """Variables to add to `env` for a script: its `"$PYTHON" -m agentrl.<command>` fork from this
+    worker's server, as `Popen` forks a test's own, except the modules in `cold` (those whose stdout is
+    what the test checks); `$PYTHON` with anything else runs the real interpreter. `script_variables`: the
+    names in `env` only the script reads (its settings), left out of the choice of server. Just
+    {"PYTHON": the real interpreter} when commands start cold here (WARM_PYTHON=0, every server busy)."""
+    names = (*script_variables, "PYTHON")
+    server = None if os.environ.get("WARM_PYTHON") == "0" else _server_for(_without(env, names))
+    if server is None:
+        yield {"PYTHON": sys.executable}
+        return
+    holder = _Holder()
+    server.running.append(holder)
+    shim = Path(server.dir, "python")
+    if not shim.exists():
+        shim.write_text(f"#!/bin/sh\nexec '{sys.executable}' -S '{__file__}' --exec \"$@\"\n")
+        shim.chmod(0o755)
+    try:
+        yield {"PYTHON": str(shim), "WARM_PYTHON_SOCKET": server.path, "WARM_PYTHON_KEY": _script_key(env, names),
+               "WARM_PYTHON_REAL": sys.executable, "WARM_PYTHON_MODULES": ",".join(MODULES),
+               "WARM_PYTHON_COLD": ",".join(cold),
+               "WARM_PYTHON_SCRIPT_VARIABLES": ",".join(names)}
+    finally:
+        holder.done = 0
+
+
+def exec_command(args: list[str]) -> None:
+    """$PYTHON ARGS of a script under `script_python`: `-m agentrl.<command>` forked from the server (when
+    the script's environment is the one it imported with), everything else exec'd as the real interpreter."""
+    env = dict(os.environ)
+    real = env["WARM_PYTHON_REAL"]
+    module = args[1] if len(args) >= 2 and args[0] == "-m" else None
+    ours = (module is not None and module.startswith(tuple(env["WARM_PYTHON_MODULES"].split(",")))
+            and module not in env["WARM_PYTHON_COLD"].split(","))
+    if ours and _script_key(env, env["WARM_PYTHON_SCRIPT_VARIABLES"].split(",")) != env["WARM_PYTHON_KEY"]:
+        _note(f"started cold from a script: {module} (its environment is not the server's)")
+        ours = False
+    if not ours:
+        os.execv(real, [real, *args])
+    body = json.dumps({"argv": args[1:], "env": _without(env, EXEC_VARIABLES), "cwd": os.getcwd()}).encode()
+    deadline = time.monotonic() + 120  # script_python's caller started the server; it may still be importing
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(env["WARM_PYTHON_SOCKET"])
+            break
+        except (FileNotFoundError, ConnectionRefusedError):
+            conn.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    socket.send_fds(conn, [HEADER.pack(len(body))], [0, 1, 2])  # the server dups its own copies
+    conn.sendall(body)
+    proc = WarmProcess(conn, [real, *args], {}, False)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):  # the command gets them, as
+        signal.signal(sig, lambda sig, _frame: proc.send_signal(sig))  # the real interpreter would have
+    code = proc.wait()
+    if code < 0:  # ended by a signal: end by it too, so that bash sees what it would have (128 + N)
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code & 0xFF)
+
+
 if __name__ == "__main__":
-    job = serve(sys.argv[1])
+    if sys.argv[1] == "--exec":
+        exec_command(sys.argv[2:])
+    job = serve(sys.argv[1], sys.argv[2].split(","))
     if job:  # a forked child: this process is now the command
         run_request(job)
