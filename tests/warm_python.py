@@ -331,18 +331,11 @@ class _Server:
         atexit.register(self.close)
 
     def connect(self) -> socket.socket:
-        deadline = time.monotonic() + 120
-        while True:
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                conn.connect(self.path)
-                return conn
-            except (FileNotFoundError, ConnectionRefusedError):
-                conn.close()
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"tests/warm_python.py: the server did not start; its log: "
-                                       f"{Path(self.dir, 'server.log').read_text()[-3000:]}") from None
-                time.sleep(0.05)
+        conn = _connect(self.path, lambda: self.proc.poll() is None)
+        if conn is None:
+            raise RuntimeError(f"tests/warm_python.py: the server did not start; its log: "
+                               f"{Path(self.dir, 'server.log').read_text()[-3000:]}")
+        return conn
 
     def busy(self) -> bool:
         self.running = [p for p in self.running if p.poll() is None]
@@ -356,6 +349,22 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.log.close()
+
+
+def _connect(path: str, alive, timeout_s: float = 120.0) -> socket.socket | None:
+    """A connection to the server listening at `path`, waiting while it imports; None once `alive()` is
+    False or `timeout_s` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+            return conn
+        except (FileNotFoundError, ConnectionRefusedError):
+            conn.close()
+            if not alive() or time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
 
 def import_time(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -527,17 +536,9 @@ def exec_command(args: list[str]) -> None:
     if not ours:
         os.execv(real, [real, *args])
     body = json.dumps({"argv": args[1:], "env": _without(env, EXEC_VARIABLES), "cwd": os.getcwd()}).encode()
-    deadline = time.monotonic() + 120  # script_python's caller started the server; it may still be importing
-    while True:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(env["WARM_PYTHON_SOCKET"])
-            break
-        except (FileNotFoundError, ConnectionRefusedError):
-            conn.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    conn = _connect(env["WARM_PYTHON_SOCKET"], lambda: True)  # script_python's caller started it; it may be importing
+    if conn is None:
+        raise RuntimeError(f"tests/warm_python.py: no server at {env['WARM_PYTHON_SOCKET']}")
     socket.send_fds(conn, [HEADER.pack(len(body))], [0, 1, 2])  # the server dups its own copies
     conn.sendall(body)
     proc = WarmProcess(conn, [real, *args], {}, False)
