@@ -3,14 +3,22 @@
 Versions. V is the learner's policy version (optimizer steps taken); E = `engine_version` is the
 version the rollout engine serves (E <= V; it lags while a weight push is in flight). Every generated
 token is stamped with the engine version that sampled it, so a token's version is >= the E at which
-its group was admitted. G = `groups_per_batch` = batch_size // group_size.
+its group was admitted. G = `groups_per_batch` = batch_size // group_size. k = `versions_per_batch`:
+the most optimizer steps the learner takes on one batch (`learner.mini_batches`; a batch short of
+failed episodes can take fewer).
 
-Admission. A group may start only while `issued_groups < capacity_groups = (E + max_staleness + 1) * G`,
-where `issued_groups` = admitted - refunded (a group is refunded when all its episodes failed, when it
-is dropped as stale, or when its producer gives its slot back with `release`). Returned groups stay
-issued, so when `get_batch(V)` is called (V * G groups returned, one batch per step) the slots left for
-groups in flight or buffered number (E - V + max_staleness + 1) * G. Admission uses E, not V, because
-E is what new tokens will carry: with max_staleness 0 no group starts on old weights mid-push.
+Admission. A group may start only while `issued_groups < capacity_groups = returned + L * G`, where
+`issued_groups` = admitted - refunded (a group is refunded when all its episodes failed, when it is
+dropped as stale, or when its producer gives its slot back with `release`), `returned` counts the
+groups handed to the learner (they stay issued), and L = max(0, (E + max_staleness - W) // k + 1) is
+the number of batches still to come that can take a group admitted now: W is the version the learner
+takes its next batch at (exact once the driver reports it, `set_learner_version`; until then the
+version of the last batch plus k), and a group admitted at E is fresh for every batch taken at a
+version up to E + max_staleness. With k = 1, W is the number of batches returned and the capacity is
+(E + max_staleness + 1) * G. Counting batches by versions at k > 1 would open k - 1 batches of slots
+at every step: groups without end, each dropped as stale once the learner has passed its version.
+Admission uses E, not V, because E is what new tokens will carry: with max_staleness 0 no group
+starts on old weights mid-push.
 
 Invariant (safety): no episode returned by `get_batch(V)` has V - episode.min_version > max_staleness.
 Proof: group.min_version <= episode.min_version for each of its episodes; every group with
@@ -18,15 +26,16 @@ V - group.min_version > max_staleness is dropped by the scan that immediately pr
 the scan and the assembly run with no await between them, so no group can slip in unchecked.
 
 On-policy at max_staleness 0 (the driver calls `set_engine_version(V)` once the learner reaches V,
-never earlier): by induction on V,
-when the learner is at V and E == V, every live group (issued, not yet returned) was admitted at V,
-and there are at most (V + 1) * G - V * G = G of them; `get_batch(V)` needs G ready groups, so it takes
-all of them and leaves none live. The engine cannot reach V + 1 before that batch is returned, so all
-their tokens carry version V: every returned episode has min_version == V, and none is ever dropped.
+never earlier, and reports V first): by induction on the batches, when the learner is at W = V and
+E == V, every live group (issued, not yet returned) was admitted at V, and there are at most L * G = G
+of them; while E < V, L = 0 and nothing is admitted. `get_batch(V)` needs G ready groups, so it takes
+all of them and leaves none live. The engine cannot reach a newer version before that batch is
+trained, so all their tokens carry version V: every returned episode has min_version == V, and none is
+ever dropped.
 
-Liveness: `get_batch(V)` can complete once E >= V - max_staleness (then at least G slots are free
-above the V * G groups already returned, and stale drops refund their slots), provided producers
-keep admitting and putting groups.
+Liveness: `get_batch(V)` can complete once W = V is known and E >= V - max_staleness (then L >= 1, so G
+slots are free above the groups already returned, and stale drops refund their slots), provided
+producers keep admitting and putting groups.
 
 All methods run on one event loop; state changes are synchronous, so no lock is needed.
 """
@@ -67,7 +76,8 @@ class BatchAssembly:
 class StalenessBuffer:
     """Bounded-staleness group buffer between the rollout workers and the learner (see module doc)."""
 
-    def __init__(self, batch_size: int, group_size: int, max_staleness: int, engine_version: int = 0):
+    def __init__(self, batch_size: int, group_size: int, max_staleness: int, engine_version: int = 0,
+                 versions_per_batch: int = 1):
         if batch_size <= 0 or group_size <= 0:
             raise ValueError(f"batch_size ({batch_size}) and group_size ({group_size}) must be positive")
         if batch_size % group_size:
@@ -77,11 +87,15 @@ class StalenessBuffer:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if engine_version < 0:
             raise ValueError(f"engine_version must be >= 0, got {engine_version}")
+        if versions_per_batch <= 0:
+            raise ValueError(f"versions_per_batch must be positive, got {versions_per_batch}")
         self.batch_size = batch_size
         self.group_size = group_size
         self.groups_per_batch = batch_size // group_size
         self.max_staleness = max_staleness
+        self.versions_per_batch = versions_per_batch
         self._engine_version = engine_version
+        self._next_version = 0  # W: the learner version of the next batch (module doc)
         self._issued = 0
         self._ready: deque[Group] = deque()
         self._closed = False
@@ -96,7 +110,8 @@ class StalenessBuffer:
 
     @property
     def capacity_groups(self) -> int:
-        return (self._engine_version + self.max_staleness + 1) * self.groups_per_batch
+        ahead = max(0, (self._engine_version + self.max_staleness - self._next_version) // self.versions_per_batch + 1)
+        return self._n["groups_returned"] + ahead * self.groups_per_batch
 
     @property
     def issued_groups(self) -> int:
@@ -168,6 +183,13 @@ class StalenessBuffer:
             self._engine_version = version
             self._notify()
 
+    def set_learner_version(self, version: int) -> None:
+        """Record the learner version the next batch is taken at (after a step: it took k or fewer
+        optimizer steps); wakes admission waiters."""
+        if version != self._next_version:
+            self._next_version = version
+            self._notify()
+
     async def get_batch(self, learner_version: int) -> BatchAssembly:
         """Wait for groups_per_batch non-stale groups and return them, FIFO by completion.
 
@@ -212,7 +234,7 @@ class StalenessBuffer:
         """Finished groups waiting, counters and the number of groups in flight, for a checkpoint. The
         groups are not copied: a group is never changed once put."""
         return {"ready": list(self._ready), "counters": {"issued": self._issued, **self._n},
-                "in_flight": self.in_flight_groups}
+                "in_flight": self.in_flight_groups, "next_version": self._next_version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The groups in flight when the state was taken are not restored (their episodes restart and
@@ -223,6 +245,8 @@ class StalenessBuffer:
         self._n = Counter(counters)
         self._n["groups_admitted"] -= in_flight
         self._ready = deque(state["ready"])
+        # Checkpoints from before W was kept: one version a batch, as the learner then took.
+        self._next_version = state.get("next_version", self._n["groups_returned"] // self.groups_per_batch)
         self._notify()
 
     # -- internals --------------------------------------------------------------------------------
@@ -250,6 +274,7 @@ class StalenessBuffer:
         hist: Counter[int] = Counter(learner_version - e.min_version for g in groups for e in g.episodes)
         self._n["groups_returned"] += len(groups)
         self._n["episodes_returned"] += sum(hist.values())
+        self._next_version = learner_version + self.versions_per_batch  # the most it can be: k steps on it
         return BatchAssembly(groups=groups, learner_version=learner_version,
                              staleness_hist=dict(sorted(hist.items())), dropped_stale=len(dropped),
                              dropped_ids=dropped)

@@ -128,7 +128,7 @@ class RLRun:
         self.pool = RolloutPool(self.fleet, spec, scorer)
         self.stream = TaskStream(prep.train_tasks, cfg.data.seed)
         self.buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness,
-                                      engine_version=self.fleet.version)
+                                      engine_version=self.fleet.version, versions_per_batch=cfg.learner.mini_batches)
         self.fleet.on_version = self.buffer.set_engine_version  # the oldest version any engine serves
         self.producer = Producer(self.buffer, self.pool, self.stream.__getitem__, cfg.rollout.n_samples,
                                  cfg.algo.dynamic_filter)
@@ -238,6 +238,7 @@ class RLRun:
                     raise RuntimeError(f"staleness invariant violated: {trained_staleness} > {cfg.buffer.max_staleness}")
                 tokens_before = pool.generated_tokens
                 metrics = await asyncio.to_thread(learner.step, batch)
+                buffer.set_learner_version(learner.version)  # before the push: E never passes W
                 overlap = pool.generated_tokens - tokens_before
                 if learner.version % cfg.weight_sync.every_steps == 0 or step == cfg.train.steps - 1:
                     await sync.push(learner.version)

@@ -153,9 +153,16 @@ def test_stale_group_is_dropped_refunded_and_never_returned():
         assert [g.group_id for g in batch.groups] == [11]
         assert batch.dropped_stale == 1
         assert batch.staleness_hist == {1: 1, 0: 1}
-        assert await waiter == 0  # the drop refunded its slot
         st = buf.stats()
         assert st["groups_dropped_stale"] == 1 and st["groups_refunded"] == 1 and st["groups_returned"] == 1
+        # The next batch is taken at version 3, and a group the engine would start at 0 is fresh only up to
+        # version 1: it waits for the engine. At E = 2 the capacity is 1 returned + ((2 + 1 - 3) + 1) * 1 = 2,
+        # and 1 slot is issued (group 11), so the waiter gets in only because the drop refunded group 10's.
+        await settle()
+        assert not waiter.done()
+        buf.set_engine_version(2)
+        assert await waiter == 2
+        assert buf.issued_groups == buf.capacity_groups == 2
 
     run(main())
 
@@ -343,3 +350,56 @@ def test_randomized_simulation_respects_staleness_bound(max_staleness):
     assert totals["groups_failed"] > 0 and totals["groups_released"] > 0
     if max_staleness > 0:
         assert totals["groups_dropped_stale"] > 0
+
+
+def test_several_optimizer_steps_a_batch_admit_one_batch_a_step_and_drop_nothing():
+    """k = 2 versions a batch (learner.mini_batches 2), max_staleness 2, G = 1, the producer filling every
+    free slot at once: a group started at E is fresh for the batches at versions E and E + 2, so two
+    groups are live at a time and none goes stale. Counting slots in versions (the k = 1 formula,
+    (E + 2 + 1) * G) would give 7 at E = 4 and 2 more at each step, every extra group dropped stale."""
+    async def main():
+        buf = StalenessBuffer(batch_size=2, group_size=2, max_staleness=2, versions_per_batch=2)
+        assert buf.capacity_groups == 2  # 0 returned + ((0 + 2 - 0) // 2 + 1) * 1
+        next_id = 0
+
+        async def fill() -> int:
+            nonlocal next_id
+            started = 0
+            while buf.issued_groups < buf.capacity_groups:
+                version = await buf.admit()
+                buf.put(make_group(next_id, [version, version], [version]))
+                next_id, started = next_id + 1, started + 1
+            return started
+
+        assert await fill() == 2
+        for n in range(10):
+            batch = await buf.get_batch(2 * n)
+            assert batch.dropped_stale == 0 and [g.group_id for g in batch.groups] == [n]
+            # W = 2n + 2 until the driver reports the step (the most it can be), E = 2n: returned + 1 * G
+            assert buf.capacity_groups == (n + 1) + 1
+            buf.set_learner_version(2 * n + 2)
+            buf.set_engine_version(2 * n + 2)
+            assert buf.capacity_groups == (n + 1) + 2  # returned + ((E + 2 - W) // 2 + 1) with E = W
+            assert await fill() == 1 and len(buf) == 2  # one new group a step; two live
+        st = buf.stats()
+        assert st["groups_dropped_stale"] == 0 and st["groups_returned"] == 10 and st["groups_admitted"] == 12
+
+    run(main())
+
+
+def test_a_step_of_fewer_optimizer_steps_than_k_opens_the_slots_it_leaves():
+    """A short batch can take fewer than k optimizer steps: the driver reports the version it reached,
+    and the slots for the batch that version makes fresh open (a wait would never end otherwise)."""
+    async def main():
+        buf = StalenessBuffer(batch_size=2, group_size=2, max_staleness=0, versions_per_batch=2)
+        assert await buf.admit() == 0
+        buf.put(make_group(0, [0, 0], [0]))
+        await buf.get_batch(0)
+        buf.set_engine_version(1)  # the learner took one step, not two
+        waiter = asyncio.create_task(buf.admit())
+        await settle()
+        assert not waiter.done()  # W is still 2: a group started at 1 would be stale at 2
+        buf.set_learner_version(1)
+        assert await waiter == 1 and buf.capacity_groups == 2  # 1 returned + ((1 + 0 - 1) // 2 + 1) * 1
+
+    run(main())

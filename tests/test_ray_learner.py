@@ -1,6 +1,6 @@
-"""Learner ranks as Ray actors: one step on 2 ranks equals one step on 1 rank on the same batch (fp32,
-weights within 1e-5), across ZeRO stages and with the reference, the critic and mini-batches; a dead
-rank ends the call with a clear error; rank metrics merge by their token shares."""
+"""Learner ranks as Ray actors: one step on 2 ranks equals one step of the local (one-process) learner on
+the same batch (fp32, weights within 1e-5), across ZeRO stages and with the reference, the critic and
+mini-batches; a dead rank ends the call with a clear error; rank metrics merge by their token shares."""
 
 from __future__ import annotations
 
@@ -56,11 +56,18 @@ def build(model: str, zero: int, algo: AlgoConfig, mini_batches: int):
 
 
 def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini_batches: int):
+    """The weights, metrics and version after one step on the batch: on `ranks` Ray actors, or with
+    ranks=0 in this process as the local backend runs it (the reference: a one-rank actor proved nothing
+    more and cost an actor's cold imports of torch, DeepSpeed and transformers in each case)."""
     import ray
     from safetensors.torch import load
 
     from agentrl.learner.ray_ranks import RayLearner
 
+    if ranks == 0:
+        learner = build(model, zero, algo, mini_batches)()
+        metrics = learner.step(batch_of_two_groups())
+        return learner.state_dict_cpu(), metrics, learner.version
     learner = RayLearner(build(model, zero, algo, mini_batches), ClusterConfig(
         backend="ray", learner_ranks=ranks))
     learner.start()
@@ -78,7 +85,7 @@ def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini
     (3, AlgoConfig(entropy_coef=0.01), 1),  # ZeRO-3 partitions and gathers parameters across ranks
 ], ids=["zero0-kl-2mini", "zero2-gae", "zero3-entropy"])
 def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches):
-    one, m1, v1 = weights_after_step(tiny_model, 1, zero, algo, mini_batches)
+    one, m1, v1 = weights_after_step(tiny_model, 0, zero, algo, mini_batches)
     two, m2, v2 = weights_after_step(tiny_model, 2, zero, algo, mini_batches)
     assert v1 == v2 == mini_batches
     assert one.keys() == two.keys()
