@@ -48,8 +48,12 @@ def test_async_training_with_staleness_2(tmp_path, model_dir):
     assert max(r["trained_staleness_max"] for r in records) >= 1  # it really ran off-policy
     assert sum(r["overlap_tokens"] for r in records) > 0
     assert all(r["push_failures"] == 0 for r in records)
-    assert all(r["push_latency_s"] is not None for r in records[1:])
     summary = res["summary"]
+    # Pushes run in the background, one after another: a record carries those that landed since the
+    # last one, so a push that outlasts a step (a loaded machine) shows in a later record, not in each.
+    latencies = [r["push_latency_s"] for r in records if r["push_latency_s"] is not None]
+    assert latencies and all(x > 0 for x in latencies)
+    assert summary["train"]["final_push_ok"] and summary["fleet"]["engine_versions"] == [8]  # every push landed
     assert summary["eval_before"]["n"] == 16 and summary["eval_after"]["n"] == 16
     assert "held-out eval score, after RL" in res["stdout"]
     from transformers import AutoModelForCausalLM
