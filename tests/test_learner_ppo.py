@@ -92,6 +92,36 @@ def test_kl_penalised_rewards_reach_gae_and_the_adaptive_controller_moves(tiny_m
     assert lrn.kl_ctl.value == pytest.approx(coef * (1 + err * 2 / 10))
 
 
+def test_a_kl_loss_under_a_fixed_weight_takes_pi_prox_from_the_training_pass_and_steps_the_same(tiny_model):
+    """A KL loss term under a fixed weight: pi_prox comes from the training pass (one forward pass fewer
+    a step) and the step is the one a no-grad pass of its own gives: loss, KL metrics, weights."""
+    from types import SimpleNamespace
+
+    from agentrl.learner.rl import Learner
+
+    class OwnPass(Learner):  # pi_prox from a no-grad pass before training, as without a reference
+        reuses_prox = False
+
+    algo = AlgoConfig(kl={"type": "loss", "coef": 0.5, "estimator": "k3"})
+    reused, own = (cls(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=1), algo, 1.0, 2)
+                   for cls in (Learner, OwnPass))  # micro-batches of one row: each writes its rows of pi_prox
+    for rewards in ((1.0, 0.0), (0.0, 1.0)):
+        batch = make_batch(rewards)
+        seq_kl = float(((own.logprobs(batch) - own.reference_logprobs(batch)) * batch.loss_mask).sum(-1).mean())
+        (a,), (b,) = reused.step(make_batch(rewards)), own.step(batch)
+        assert a.policy["prox_reused"] == 1.0 and b.policy["prox_reused"] == 0.0
+        assert a.policy["kl_seq_k1"] == pytest.approx(seq_kl, rel=1e-5, abs=1e-7)  # by hand, before the step
+        for key in ("kl_seq_k1", "kl_coef", "kl_ref"):
+            assert a.policy[key] == pytest.approx(b.policy[key], rel=1e-5, abs=1e-7)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-7)
+    assert abs(seq_kl) > 1e-5  # the second step measured a KL: the actor had moved from the reference
+    torch.testing.assert_close(reused.state_dict_cpu(), own.state_dict_cpu(), rtol=0, atol=1e-6)
+    # Not where pi_prox is read before training: a reward-mode penalty, an adaptive weight.
+    for kl in ({"type": "reward", "coef": 0.1}, {"type": "loss", "coef": 0.1, "controller": {"type": "adaptive"}}):
+        shell = SimpleNamespace(algo=AlgoConfig(kl=kl), cfg=LearnerConfig(), reference=object())
+        assert not Learner.reuses_prox.fget(shell)
+
+
 def test_critic_warmup_freezes_the_actor(tiny_model):
     lrn = learner(tiny_model, AlgoConfig(advantage="gae"), CriticConfig(lr=1e-2), freeze_actor_steps=1)
     start = actor_weights(lrn)

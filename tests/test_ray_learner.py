@@ -82,8 +82,10 @@ def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini
 @pytest.mark.parametrize("zero,algo,mini_batches", [
     (0, AlgoConfig(kl={"type": "loss", "coef": 0.1}), 2),  # reference logprobs gathered; two optimizer steps
     (2, AlgoConfig(advantage="gae", mode="bypass"), 1),  # critic values gathered; returns from GAE
-    (3, AlgoConfig(entropy_coef=0.01), 1),  # ZeRO-3 partitions and gathers parameters across ranks
-], ids=["zero0-kl-2mini", "zero2-gae", "zero3-entropy"])
+    # ZeRO-3 partitions and gathers parameters across ranks; a KL loss at one optimizer step takes
+    # pi_prox from the training pass, each rank its own rows, gathered for the KL metric
+    (3, AlgoConfig(entropy_coef=0.01, kl={"type": "loss", "coef": 0.1}), 1),
+], ids=["zero0-kl-2mini", "zero2-gae", "zero3-entropy-kl"])
 def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches):
     one, m1, v1 = weights_after_step(tiny_model, 0, zero, algo, mini_batches)
     two, m2, v2 = weights_after_step(tiny_model, 2, zero, algo, mini_batches)
@@ -98,6 +100,13 @@ def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches
         assert b.loss == pytest.approx(a.loss, abs=1e-5)
         assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
         assert b.n_tokens == a.n_tokens and b.share == pytest.approx(a.share)
+        assert b.policy["prox_reused"] == a.policy["prox_reused"]
+        if algo.has_kl:
+            assert b.policy["kl_seq_k1"] == pytest.approx(a.policy["kl_seq_k1"], abs=1e-6)
+    if zero == 3:
+        # The actor starts as the reference: KL 0 over the whole batch, on 2 ranks only if each took the
+        # other's pi_prox rows (a row left out would count as 0 - log pi_ref, several nats).
+        assert m2[0].policy["prox_reused"] == 1.0 and abs(m2[0].policy["kl_seq_k1"]) < 1e-6
 
 
 def test_a_dead_rank_ends_the_step_with_a_clear_error(ray_local, tiny_model):

@@ -145,17 +145,21 @@ class Learner:
         size = len(rows) // self.world if self.world > 1 else len(rows)
         return range(rows.start + self.rank * size, rows.start + (self.rank + 1) * size)
 
+    def _gathered(self, own_rows: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows of a (B, T) tensor, in rank order, from this rank's share of them."""
+        if self.world == 1:
+            return own_rows
+        parts = [torch.empty_like(own_rows) for _ in range(self.world)]
+        torch.distributed.all_gather(parts, own_rows)
+        return torch.cat(parts)
+
     @torch.no_grad()
     def _over_micro_batches(self, batch: TrainBatch, fn) -> torch.Tensor:
         """(B, T) values of `fn` for the whole batch: this rank's rows in micro-batches, the rest gathered."""
         own = self._share(range(batch.size))
         out = torch.cat([fn(batch, slice(i, min(i + self.cfg.micro_batch_size, own.stop))).float()
                          for i in range(own.start, own.stop, self.cfg.micro_batch_size)])
-        if self.world > 1:
-            parts = [torch.empty_like(out) for _ in range(self.world)]
-            torch.distributed.all_gather(parts, out)
-            out = torch.cat(parts)
-        return out.cpu() * batch.loss_mask
+        return self._gathered(out).cpu() * batch.loss_mask
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """(B, T) log pi_theta for the current weights, computed in micro-batches."""
@@ -182,19 +186,24 @@ class Learner:
             rewards = self.reward_moments.normalize(rewards).float()
         token_rewards, metrics = None, {"reward_shaped_mean": float(rewards.mean())}
         if ref_logp is not None:
-            kl_BT = torch.where(mask > 0, old_logp - ref_logp, 0.0)
-            seq_kl = float(kl_BT.sum(-1).mean())
-            metrics.update(kl_seq_k1=seq_kl, kl_coef=self.kl_ctl.value)
+            metrics.update(self._reference_kl(old_logp, ref_logp, mask))
             if algo.kl.type == "reward":
-                token_rewards, _ = kl_penalized_token_rewards(rewards, old_logp, ref_logp, mask, self.kl_ctl.value)
+                token_rewards, _ = kl_penalized_token_rewards(rewards, old_logp, ref_logp, mask, metrics["kl_coef"])
                 if algo.advantage.type != "gae":  # scalar estimators see the episode's total shaped reward
                     rewards = token_rewards.sum(-1)
-            self.kl_ctl.update(seq_kl, batch.size)
         out = ADVANTAGES[algo.advantage.type](AdvantageInputs(
             rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask, values_BT=values,
             token_rewards_BT=token_rewards,
             gamma=getattr(algo.advantage, "gamma", 1.0), lam=getattr(algo.advantage, "lam", 1.0)))  # gae's only
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
+        return metrics
+
+    def _reference_kl(self, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+        """The batch's KL(pi_prox || reference) per sequence (k1) and the KL weight it met; the controller
+        then takes the measurement."""
+        seq_kl = float(torch.where(mask > 0, old_logp - ref_logp, 0.0).sum(-1).mean())
+        metrics = {"kl_seq_k1": seq_kl, "kl_coef": self.kl_ctl.value}
+        self.kl_ctl.update(seq_kl, len(mask))
         return metrics
 
     # -- training ---------------------------------------------------------------------------------
@@ -276,9 +285,12 @@ class Learner:
     def reuses_prox(self) -> bool:
         """Whether pi_prox is taken from the training pass instead of a no-grad pass of its own (AReaL's
         reuse_train_logp): with one optimizer step per batch both run on the same weights without dropout,
-        so they are equal and the extra forward pass is waste. Not with a reference, whose KL metrics and
-        reward-mode penalty read pi_prox before training."""
-        return self.algo.mode == "decoupled" and self.cfg.mini_batches == 1 and self.reference is None
+        so they are equal and the extra forward pass is waste. With a reference, only for a KL loss term
+        under a fixed weight: its KL metric then reads pi_prox after the training pass; a reward-mode
+        penalty enters the advantages, and an adaptive weight is moved by that KL, before training."""
+        kl = self.algo.kl
+        reference_ok = self.reference is None or (kl.type == "loss" and kl.controller.type == "fixed")
+        return self.algo.mode == "decoupled" and self.cfg.mini_batches == 1 and reference_ok
 
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
         """Train on one batch: recompute pi_prox (decoupled), reference logprobs and values as needed,
@@ -290,9 +302,9 @@ class Learner:
                     self.logprobs(batch) if self.algo.mode == "decoupled" else batch.behav_logprobs)
         ref_logp = self.reference_logprobs(batch) if self.reference is not None else None
         old_values = self.values(batch) if self.critic is not None else None
-        shaped = {}
+        shaped, kl_after = {}, reuse and ref_logp is not None  # the KL metric waits for pi_prox
         if batch.advantages is None:
-            shaped = self.advantages(batch, old_logp, ref_logp, old_values)
+            shaped = self.advantages(batch, old_logp, None if kl_after else ref_logp, old_values)
         self.batches_seen += 1
         results, buckets = [], {}
         per_mini = math.ceil(batch.size / self.cfg.mini_batches)
@@ -327,6 +339,10 @@ class Learner:
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
                 policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
+        if kl_after:  # one optimizer step: its pass wrote pi_prox for this rank's rows
+            own = self._share(range(batch.size))
+            full = self._gathered(old_logp[own.start:own.stop].to(self.device)).cpu()
+            results[0].policy.update(self._reference_kl(full, ref_logp, batch.loss_mask))
         return results
 
     # -- checkpoints ------------------------------------------------------------------------------

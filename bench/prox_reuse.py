@@ -1,0 +1,71 @@
+"""pi_prox from the training pass under a KL loss term: `Learner.step` with a reference model and
+`algo.kl: {type: loss}` (the SmolLM2 examples' algorithm), taking pi_prox from its training pass
+against a no-grad forward pass of its own (what it did before).
+
+    python bench/prox_reuse.py [--model smollm2-135m-instruct] [--batch 16] [--seq 384] [--steps 3]
+
+Both sides: the same model, reference, batch shape (the reasoning_gym example's: 16 episodes of up to
+about 380 tokens), lr, thread count; steps alternate between them (1 warm-up each, then `--steps` timed),
+so load from other jobs lands on both; medians are reported. The sides train the same steps (their
+loss and KL metric agree to 1e-5: tests/test_learner_ppo.py), so the ratio is the forward pass saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import median, progress, resolve_model, table
+from bench.learner_throughput import Side, make_batch, run_interleaved, tokens_of
+
+
+def build(path: str, args: argparse.Namespace, reuse: bool):
+    from agentrl.config import AlgoConfig, LearnerConfig
+    from agentrl.learner.rl import Learner
+
+    class OwnPass(Learner):  # pi_prox from a no-grad forward pass before training
+        reuses_prox = False
+
+    cls = Learner if reuse else OwnPass
+    learner = cls(path, LearnerConfig(lr=3e-5, micro_batch_size=args.batch, num_threads=args.threads),
+                  AlgoConfig(kl={"type": "loss", "coef": 0.01}), temperature=1.0, batch_size=args.batch,
+                  total_steps=args.steps + 1)
+    assert learner.reuses_prox == reuse
+    return learner
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=384)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
+    args = ap.parse_args()
+
+    from agentrl.chat import load_tokenizer
+    from agentrl.learner.dist import usable_cores
+
+    args.threads = args.threads or usable_cores()
+
+    path = resolve_model(args.model)
+    tok = load_tokenizer(path)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    batch_factory = lambda: make_batch(len(tok), pad, args.batch, args.seq)
+    progress(f"{args.model}: building both learners (actor + reference each)")
+    sides = [Side("own no-grad pass (before)", build(path, args, reuse=False).step),
+             Side("from the training pass", build(path, args, reuse=True).step)]
+    run_interleaved(sides, batch_factory, args.steps, args.model)
+    rows = [[s.name, " ".join(f"{t:.2f}" for t in s.times), f"{median(s.times):.2f}"] for s in sides]
+    label = (f"{args.model}: Learner.step with a reference and a KL loss, batch {args.batch} x {args.seq} "
+             f"(padded), {tokens_of(batch_factory())} tokens, {args.threads} threads")
+    print(table(["pi_prox", "step s (timed)", "median s"], rows, label), flush=True)
+    before, after = (median(s.times) for s in sides)
+    print(f"step time own pass / reused = {before / after:.2f}x ({before:.2f} s -> {after:.2f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
