@@ -214,3 +214,13 @@ def test_informative_groups_matches_loop(seed):
         groups[g].append(r)
     want = [max(groups[g]) - min(groups[g]) > 1e-6 for g in ids]
     assert informative_groups(t(rewards), torch.tensor(ids)).tolist() == want
+
+
+def test_sequence_kl_sums_each_rows_masked_tokens_and_averages_the_rows():
+    from agentrl.algo import sequence_kl
+
+    logp = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, -0.5, -0.5]])
+    ref = torch.tensor([[-1.5, -1.0, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    # row 0: 0.5 - 1.0 = -0.5 (the NaN is padding, selected away); row 1: 0.5 + 0.5 = 1.0; mean 0.25
+    assert sequence_kl(logp, ref, mask) == pytest.approx(0.25)

@@ -40,6 +40,7 @@ from .shaping import (
     informative_groups,
     kl_penalized_token_rewards,
     make_kl_controller,
+    sequence_kl,
 )
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "ipo",
     "kl_estimate",
     "kl_penalized_token_rewards",
+    "sequence_kl",
     "kto",
     "make_kl_controller",
     "masked_mean",

@@ -44,6 +44,11 @@ def kl_penalized_token_rewards(rewards_B: torch.Tensor, logp_BT: torch.Tensor, r
     return -kl_coef * kl_BT + final_BT.to(kl_BT.dtype), kl_BT
 
 
+def sequence_kl(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """Mean over rows of the summed k1 estimate log pi - log ref over each row's masked tokens."""
+    return float(torch.where(mask_BT > 0, logp_BT - ref_logp_BT, 0.0).sum(-1).mean())
+
+
 class RunningMoments:
     """Running mean and variance of scalar rewards across batches, float64.
 

@@ -41,6 +41,15 @@ def init_single_process_dist() -> None:
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
 
 
+def gather_rows(own_rows: torch.Tensor, world: int) -> torch.Tensor:
+    """Every rank's rows of a (B, T) tensor, in rank order, from this rank's equal share of them."""
+    if world == 1:
+        return own_rows
+    parts = [torch.empty_like(own_rows) for _ in range(world)]
+    torch.distributed.all_gather(parts, own_rows)
+    return torch.cat(parts)
+
+
 def usable_cores() -> int:
     """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota if one is set."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -22,11 +22,11 @@ import torch
 from agentrl import faults
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
                           aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards, make_kl_controller,
-                          masked_mean, staleness_buckets, value_loss)
+                          masked_mean, sequence_kl, staleness_buckets, value_loss)
 from agentrl.algo.fused_logprobs import temperature_logprobs
 from agentrl.algo.logprobs import picked_logprobs, sampling_entropy, sampling_logits
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
-from agentrl.learner.dist import init_single_process_dist
+from agentrl.learner.dist import gather_rows, init_single_process_dist
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import accumulate, local_grad_norm, micro_slices, rows_mask, weighted, zero_loss
@@ -145,21 +145,13 @@ class Learner:
         size = len(rows) // self.world if self.world > 1 else len(rows)
         return range(rows.start + self.rank * size, rows.start + (self.rank + 1) * size)
 
-    def _gathered(self, own_rows: torch.Tensor) -> torch.Tensor:
-        """Every rank's rows of a (B, T) tensor, in rank order, from this rank's share of them."""
-        if self.world == 1:
-            return own_rows
-        parts = [torch.empty_like(own_rows) for _ in range(self.world)]
-        torch.distributed.all_gather(parts, own_rows)
-        return torch.cat(parts)
-
     @torch.no_grad()
     def _over_micro_batches(self, batch: TrainBatch, fn) -> torch.Tensor:
         """(B, T) values of `fn` for the whole batch: this rank's rows in micro-batches, the rest gathered."""
         own = self._share(range(batch.size))
         out = torch.cat([fn(batch, slice(i, min(i + self.cfg.micro_batch_size, own.stop))).float()
                          for i in range(own.start, own.stop, self.cfg.micro_batch_size)])
-        return self._gathered(out).cpu() * batch.loss_mask
+        return gather_rows(out, self.world).cpu() * batch.loss_mask
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """(B, T) log pi_theta for the current weights, computed in micro-batches."""
@@ -199,11 +191,9 @@ class Learner:
         return metrics
 
     def _reference_kl(self, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        """The batch's KL(pi_prox || reference) per sequence (k1) and the KL weight it met; the controller
-        then takes the measurement."""
-        seq_kl = float(torch.where(mask > 0, old_logp - ref_logp, 0.0).sum(-1).mean())
-        metrics = {"kl_seq_k1": seq_kl, "kl_coef": self.kl_ctl.value}
-        self.kl_ctl.update(seq_kl, len(mask))
+        """KL(pi_prox || reference) per sequence and the weight it met; the controller takes the measurement."""
+        metrics = {"kl_seq_k1": sequence_kl(old_logp, ref_logp, mask), "kl_coef": self.kl_ctl.value}
+        self.kl_ctl.update(metrics["kl_seq_k1"], len(mask))
         return metrics
 
     # -- training ---------------------------------------------------------------------------------
@@ -288,9 +278,8 @@ class Learner:
         so they are equal and the extra forward pass is waste. With a reference, only for a KL loss term
         under a fixed weight: its KL metric then reads pi_prox after the training pass; a reward-mode
         penalty enters the advantages, and an adaptive weight is moved by that KL, before training."""
-        kl = self.algo.kl
-        reference_ok = self.reference is None or (kl.type == "loss" and kl.controller.type == "fixed")
-        return self.algo.mode == "decoupled" and self.cfg.mini_batches == 1 and reference_ok
+        kl, one_step = self.algo.kl, self.algo.mode == "decoupled" and self.cfg.mini_batches == 1
+        return one_step and (self.reference is None or (kl.type == "loss" and kl.controller.type == "fixed"))
 
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
         """Train on one batch: recompute pi_prox (decoupled), reference logprobs and values as needed,
@@ -341,7 +330,7 @@ class Learner:
                 policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
         if kl_after:  # one optimizer step: its pass wrote pi_prox for this rank's rows
             own = self._share(range(batch.size))
-            full = self._gathered(old_logp[own.start:own.stop].to(self.device)).cpu()
+            full = gather_rows(old_logp[own.start:own.stop].to(self.device), self.world).cpu()
             results[0].policy.update(self._reference_kl(full, ref_logp, batch.loss_mask))
         return results
 
