@@ -69,32 +69,43 @@ def test_gae_uses_the_critic_and_the_critic_fits_the_returns(tiny_model):
 
 
 def test_kl_penalised_rewards_reach_gae_and_the_adaptive_controller_moves(tiny_model):
+    """The in-reward penalty is log mu - log ref on the sampled tokens (mu: the behaviour logprobs, not
+    pi_prox), through GAE; the adaptive weight moves by that KL; pi_prox comes from the training pass."""
     algo = AlgoConfig(advantage={"type": "gae", "gamma": 1.0, "lam": 1.0},
                       kl={"type": "reward", "coef": 0.2,
                           "controller": {"type": "adaptive", "target": 0.01, "horizon": 10}})
     lrn = learner(tiny_model, algo, CriticConfig(lr=1e-3))
-    (first,) = lrn.step(make_batch())
+    batch = make_batch()
+    batch.behav_logprobs = lrn.logprobs(batch)  # sampled by the weights the learner holds: mu == pi_prox
+    (first,) = lrn.step(batch)
     assert first.policy["kl_seq_k1"] == pytest.approx(0.0, abs=1e-6)  # actor == reference at the start
     # Ziegler et al.: error = clip(0 / 0.01 - 1, -0.2, 0.2) = -0.2; coef *= 1 + (-0.2) * 2 / 10
     assert lrn.kl_ctl.value == pytest.approx(0.2 * 0.96)
     batch = make_batch()
-    old, ref, values = lrn.logprobs(batch), lrn.reference_logprobs(batch), lrn.values(batch)
+    prox, ref, values = lrn.logprobs(batch), lrn.reference_logprobs(batch), lrn.values(batch)
+    batch.behav_logprobs = (prox - 0.05) * batch.loss_mask  # sampled by an older policy: mu != pi_prox
     coef = lrn.kl_ctl.value
     (second,) = lrn.step(batch)
-    token_rewards, kl = kl_penalized_token_rewards(batch.rewards, old, ref, batch.loss_mask, coef)
+    assert second.policy["prox_reused"] == 1.0
+    token_rewards, kl = kl_penalized_token_rewards(batch.rewards, batch.behav_logprobs, ref, batch.loss_mask, coef)
     expected = ADVANTAGES["gae"](AdvantageInputs(rewards_B=batch.rewards, group_ids_B=batch.group_ids,
                                                  mask_BT=batch.loss_mask, values_BT=values,
                                                  token_rewards_BT=token_rewards, gamma=1.0, lam=1.0))
     torch.testing.assert_close(batch.advantages, expected.advantages_BT)
     seq_kl = float(kl.sum(-1).mean())
     assert abs(seq_kl) > 1e-5 and second.policy["kl_seq_k1"] == pytest.approx(seq_kl, rel=1e-5)
+    prox_kl = float(((prox - ref) * batch.loss_mask).sum(-1).mean())
+    assert abs(prox_kl - seq_kl) > 0.04  # 0.05 a token, 2.5 tokens a row: pi_prox would read differently
     err = min(max(seq_kl / 0.01 - 1, -0.2), 0.2)
     assert lrn.kl_ctl.value == pytest.approx(coef * (1 + err * 2 / 10))
 
 
-def test_a_kl_loss_under_a_fixed_weight_takes_pi_prox_from_the_training_pass_and_steps_the_same(tiny_model):
-    """A KL loss term under a fixed weight: pi_prox comes from the training pass (one forward pass fewer
-    a step) and the step is the one a no-grad pass of its own gives: loss, KL metrics, weights."""
+@pytest.mark.parametrize("kl", [{"type": "loss", "coef": 0.5, "estimator": "k3"}, {"type": "reward", "coef": 0.5}],
+                         ids=["loss", "reward"])
+def test_a_kl_term_takes_pi_prox_from_the_training_pass_and_steps_the_same(tiny_model, kl):
+    """A KL loss term under a fixed weight or an in-reward penalty: pi_prox comes from the training pass
+    (one forward pass fewer a step) and the step is the one a no-grad pass of its own gives: loss, KL
+    metrics, weights. The loss term's metric is KL(pi_prox || ref), the penalty's KL(mu || ref)."""
     from types import SimpleNamespace
 
     from agentrl.learner.rl import Learner
@@ -102,24 +113,26 @@ def test_a_kl_loss_under_a_fixed_weight_takes_pi_prox_from_the_training_pass_and
     class OwnPass(Learner):  # pi_prox from a no-grad pass before training, as without a reference
         reuses_prox = False
 
-    algo = AlgoConfig(kl={"type": "loss", "coef": 0.5, "estimator": "k3"})
+    algo = AlgoConfig(kl=kl)
     reused, own = (cls(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=1), algo, 1.0, 2)
                    for cls in (Learner, OwnPass))  # micro-batches of one row: each writes its rows of pi_prox
     for rewards in ((1.0, 0.0), (0.0, 1.0)):
         batch = make_batch(rewards)
-        seq_kl = float(((own.logprobs(batch) - own.reference_logprobs(batch)) * batch.loss_mask).sum(-1).mean())
+        logp = own.logprobs(batch) if kl["type"] == "loss" else batch.behav_logprobs
+        seq_kl = float(((logp - own.reference_logprobs(batch)) * batch.loss_mask).sum(-1).mean())
         (a,), (b,) = reused.step(make_batch(rewards)), own.step(batch)
         assert a.policy["prox_reused"] == 1.0 and b.policy["prox_reused"] == 0.0
         assert a.policy["kl_seq_k1"] == pytest.approx(seq_kl, rel=1e-5, abs=1e-7)  # by hand, before the step
-        for key in ("kl_seq_k1", "kl_coef", "kl_ref"):
+        for key in ("kl_seq_k1", "kl_coef", "reward_shaped_mean", "clip_frac") + (("kl_ref",) if kl["type"] == "loss" else ()):
             assert a.policy[key] == pytest.approx(b.policy[key], rel=1e-5, abs=1e-7)
         assert a.loss == pytest.approx(b.loss, rel=1e-5, abs=1e-7)
     assert abs(seq_kl) > 1e-5  # the second step measured a KL: the actor had moved from the reference
     torch.testing.assert_close(reused.state_dict_cpu(), own.state_dict_cpu(), rtol=0, atol=1e-6)
-    # Not where pi_prox is read before training: a reward-mode penalty, an adaptive weight.
-    for kl in ({"type": "reward", "coef": 0.1}, {"type": "loss", "coef": 0.1, "controller": {"type": "adaptive"}}):
-        shell = SimpleNamespace(algo=AlgoConfig(kl=kl), cfg=LearnerConfig(), reference=object())
-        assert not Learner.reuses_prox.fget(shell)
+    # An adaptive weight on a KL loss term is moved by KL(pi_prox || ref) before training: no reuse.
+    for kl_cfg, reuses in (({"type": "reward", "coef": 0.1, "controller": {"type": "adaptive"}}, True),
+                           ({"type": "loss", "coef": 0.1, "controller": {"type": "adaptive"}}, False)):
+        shell = SimpleNamespace(algo=AlgoConfig(kl=kl_cfg), cfg=LearnerConfig(), reference=object())
+        assert Learner.reuses_prox.fget(shell) is reuses
 
 
 def test_critic_warmup_freezes_the_actor(tiny_model):

@@ -178,20 +178,21 @@ class Learner:
             rewards = self.reward_moments.normalize(rewards).float()
         token_rewards, metrics = None, {"reward_shaped_mean": float(rewards.mean())}
         if ref_logp is not None:
-            metrics.update(self._reference_kl(old_logp, ref_logp, mask))
+            # k1 on tokens sampled from mu estimates KL(mu || ref): InstructGPT's pi_RL is the sampler.
+            logp = batch.behav_logprobs if algo.kl.type == "reward" else old_logp
+            metrics.update(self._reference_kl(logp, ref_logp, mask))
             if algo.kl.type == "reward":
-                token_rewards, _ = kl_penalized_token_rewards(rewards, old_logp, ref_logp, mask, metrics["kl_coef"])
+                token_rewards, _ = kl_penalized_token_rewards(rewards, logp, ref_logp, mask, metrics["kl_coef"])
                 if algo.advantage.type != "gae":  # scalar estimators see the episode's total shaped reward
                     rewards = token_rewards.sum(-1)
         out = ADVANTAGES[algo.advantage.type](AdvantageInputs(
-            rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask, values_BT=values,
-            token_rewards_BT=token_rewards,
+            rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask, values_BT=values, token_rewards_BT=token_rewards,
             gamma=getattr(algo.advantage, "gamma", 1.0), lam=getattr(algo.advantage, "lam", 1.0)))  # gae's only
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         return metrics
 
     def _reference_kl(self, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        """KL(pi_prox || reference) per sequence and the weight it met; the controller takes the measurement."""
+        """KL(pi || reference) per sequence (pi: mu or pi_prox) and the weight it met; the controller takes it."""
         metrics = {"kl_seq_k1": sequence_kl(old_logp, ref_logp, mask), "kl_coef": self.kl_ctl.value}
         self.kl_ctl.update(metrics["kl_seq_k1"], len(mask))
         return metrics
@@ -273,13 +274,12 @@ class Learner:
 
     @property
     def reuses_prox(self) -> bool:
-        """Whether pi_prox is taken from the training pass instead of a no-grad pass of its own (AReaL's
-        reuse_train_logp): with one optimizer step per batch both run on the same weights without dropout,
-        so they are equal and the extra forward pass is waste. With a reference, only for a KL loss term
-        under a fixed weight: its KL metric then reads pi_prox after the training pass; a reward-mode
-        penalty enters the advantages, and an adaptive weight is moved by that KL, before training."""
+        """Whether pi_prox comes from the training pass, not a no-grad pass of its own (AReaL's reuse_train_logp):
+        at one optimizer step a batch both see the same weights without dropout, so they are equal. A reward-mode
+        KL reads mu, not pi_prox (`advantages`); a KL loss term's metric reads pi_prox after the training pass,
+        unless an adaptive weight, which that KL moves, needs it before."""
         kl, one_step = self.algo.kl, self.algo.mode == "decoupled" and self.cfg.mini_batches == 1
-        return one_step and (self.reference is None or (kl.type == "loss" and kl.controller.type == "fixed"))
+        return one_step and (self.reference is None or kl.type == "reward" or kl.controller.type == "fixed")
 
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
         """Train on one batch: recompute pi_prox (decoupled), reference logprobs and values as needed,
@@ -291,7 +291,7 @@ class Learner:
                     self.logprobs(batch) if self.algo.mode == "decoupled" else batch.behav_logprobs)
         ref_logp = self.reference_logprobs(batch) if self.reference is not None else None
         old_values = self.values(batch) if self.critic is not None else None
-        shaped, kl_after = {}, reuse and ref_logp is not None  # the KL metric waits for pi_prox
+        shaped, kl_after = {}, reuse and ref_logp is not None and self.algo.kl.type == "loss"  # waits for pi_prox
         if batch.advantages is None:
             shaped = self.advantages(batch, old_logp, None if kl_after else ref_logp, old_values)
         self.batches_seen += 1
