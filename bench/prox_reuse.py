@@ -1,8 +1,10 @@
-"""pi_prox from the training pass under a KL loss term: `Learner.step` with a reference model and
-`algo.kl: {type: loss}` (the SmolLM2 examples' algorithm), taking pi_prox from its training pass
-against a no-grad forward pass of its own (what it did before).
+"""pi_prox from the training pass with a reference model: `Learner.step` under `algo.kl: {type: loss}`
+(the SmolLM2 examples' algorithm) or `{type: reward}` (the pipeline's PPO: the penalty reads the
+behaviour logprobs), taking pi_prox from its training pass against a no-grad forward pass of its own
+(what it did before).
 
-    python bench/prox_reuse.py [--model smollm2-135m-instruct] [--batch 16] [--seq 384] [--steps 3]
+    python bench/prox_reuse.py [--model smollm2-135m-instruct] [--batch 16] [--seq 384] [--steps 3] [--kl loss]
+    python bench/prox_reuse.py --model default --batch 64 --seq 96 --steps 5 --kl reward   # the pipeline's shape
 
 Both sides: the same model, reference, batch shape (the reasoning_gym example's: 16 episodes of up to
 about 380 tokens), lr, thread count; steps alternate between them (1 warm-up each, then `--steps` timed),
@@ -31,7 +33,7 @@ def build(path: str, args: argparse.Namespace, reuse: bool):
 
     cls = Learner if reuse else OwnPass
     learner = cls(path, LearnerConfig(lr=3e-5, micro_batch_size=args.batch, num_threads=args.threads),
-                  AlgoConfig(kl={"type": "loss", "coef": 0.01}), temperature=1.0, batch_size=args.batch,
+                  AlgoConfig(kl={"type": args.kl, "coef": 0.01}), temperature=1.0, batch_size=args.batch,
                   total_steps=args.steps + 1)
     assert learner.reuses_prox == reuse
     return learner
@@ -44,6 +46,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=384)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
+    ap.add_argument("--kl", choices=("loss", "reward"), default="loss", help="the KL term's type")
     args = ap.parse_args()
 
     from agentrl.chat import load_tokenizer
@@ -60,7 +63,7 @@ def main() -> None:
              Side("from the training pass", build(path, args, reuse=True).step)]
     run_interleaved(sides, batch_factory, args.steps, args.model)
     rows = [[s.name, " ".join(f"{t:.2f}" for t in s.times), f"{median(s.times):.2f}"] for s in sides]
-    label = (f"{args.model}: Learner.step with a reference and a KL loss, batch {args.batch} x {args.seq} "
+    label = (f"{args.model}: Learner.step with a reference and a KL {args.kl} term, batch {args.batch} x {args.seq} "
              f"(padded), {tokens_of(batch_factory())} tokens, {args.threads} threads")
     print(table(["pi_prox", "step s (timed)", "median s"], rows, label), flush=True)
     before, after = (median(s.times) for s in sides)

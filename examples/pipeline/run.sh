@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SFT -> RM -> PPO on the embedded default model and the guess-the-number task (see README.md here).
 #
-#   bash examples/pipeline/run.sh                 # ~16 min on 2 idle CPU cores, 300 RL steps
+#   bash examples/pipeline/run.sh                 # ~14 min on 2 idle CPU cores, 300 RL steps
 #   RL_STEPS=40 bash examples/pipeline/run.sh     # a smoke run (40 steps: within the eval's noise)
 #
 # Variables: OUT (runs/pipeline), RL_STEPS (300: 40 gave +0.03 held-out, 120 +0.08, 300 +0.25), SFT_STEPS (300), RM_STEPS (150), SAMPLES (4, the
