@@ -109,8 +109,9 @@ def test_learner_forward_gives_the_plain_op_values_and_parameter_gradients(tiny_
     want_logp = token_logprobs(logits, batch.input_ids, 0.8)
     want = torch.autograd.grad(weighted_sum(want_logp * batch.loss_mask), params)
 
-    assert torch.allclose(logp, want_logp, atol=1e-6, rtol=0)
-    assert torch.allclose(ent, token_entropy(logits.detach(), 0.8), atol=1e-5, rtol=0)
+    # The head runs on the scored tail (agentrl.learner.logit_tail): the prompt's 4 positions read 0.
+    assert torch.allclose(logp[:, 4:], want_logp[:, 4:], atol=1e-6, rtol=0) and not logp[:, :4].any()
+    assert torch.allclose(ent[:, 4:], token_entropy(logits.detach(), 0.8)[:, 4:], atol=1e-5, rtol=0)
     assert not ent.requires_grad  # a metric unless entropy_coef > 0
     for g_got, g_want in zip(got, want):
         assert torch.allclose(g_got, g_want, atol=1e-6, rtol=1e-5)

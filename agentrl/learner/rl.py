@@ -27,6 +27,7 @@ from agentrl.algo.fused_logprobs import temperature_logprobs
 from agentrl.algo.logprobs import picked_logprobs, sampling_entropy, sampling_logits
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import gather_rows, init_single_process_dist
+from agentrl.learner.logit_tail import pad_left, tail_forward
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import accumulate, local_grad_norm, micro_slices, rows_mask, weighted, zero_loss
@@ -114,25 +115,23 @@ class Learner:
     # -- forward passes ---------------------------------------------------------------------------
 
     def _forward_logprobs(self, batch: TrainBatch, rows: slice, engine=None, with_entropy: bool = False):
-        """(B, T) log pi of each token; with_entropy: (logprobs, entropy) from the same forward pass."""
-        ids = batch.input_ids[rows].to(self.device)
-        attn = batch.attention_mask[rows].to(self.device)
-        logits = (engine or self.engine)(input_ids=ids, attention_mask=attn).logits
+        """(B, T) log pi of each token, 0 before the scored tail (`logit_tail`); with_entropy: (logprobs, entropy)."""
+        ids, scored = batch.input_ids[rows].to(self.device), batch.loss_mask[rows].to(self.device)
+        logits, ids, scored, start = tail_forward(engine or self.engine, ids, batch.attention_mask[rows].to(self.device), scored)
         entropy_grad = torch.is_grad_enabled() and self.algo.entropy_coef > 0
         if self.top_p >= 1.0 and not (with_entropy and entropy_grad):
             # The common case, chunked through the cache: cheaper than one log_softmax (fused_logprobs).
             logp, entropy = temperature_logprobs(logits, ids, self.temperature, with_entropy=with_entropy)
-            return (logp, entropy) if with_entropy else logp
+            return (pad_left(logp, start), pad_left(entropy, start)) if with_entropy else pad_left(logp, start)
         # Truncating costs a vocabulary sort per row: only rows whose token enters a loss or metric.
-        scored = batch.loss_mask[rows].to(self.device)
         logits = sampling_logits(logits, self.temperature, self.top_p, scored_BT=scored)
-        logp = picked_logprobs(logits, ids)
+        logp = pad_left(picked_logprobs(logits, ids), start)
         if not with_entropy:
             return logp
         # The entropy keeps its graph only when it is a loss term; as a metric it is computed without
         # one (a (B, T, V) softmax whose graph costs as much as the logprobs' at a 49k vocabulary).
         with torch.set_grad_enabled(entropy_grad):
-            return logp, sampling_entropy(logits)
+            return logp, pad_left(sampling_entropy(logits), start)
 
     def _forward_values(self, batch: TrainBatch, rows: slice) -> torch.Tensor:
         """(B, T) V(s_t): the value of the state before token t, read at position t - 1."""
