@@ -4,6 +4,8 @@ parameter gradients at the scored tokens equal those of the full head, at top_p 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -58,7 +60,13 @@ def test_scored_logprobs_entropy_and_gradients_equal_the_full_head(tiny_model, t
     params = [p for p in model.parameters() if p.requires_grad]
     asked = []
     forward = type(model).forward
-    monkeypatch.setattr(type(model), "forward", lambda self, **kw: asked.append(kw.get("logits_to_keep")) or forward(self, **kw))
+
+    @functools.wraps(forward)  # the signature stays the model's: what accepts_logits_to_keep reads
+    def recording(self, **kw):
+        asked.append(kw.get("logits_to_keep"))
+        return forward(self, **kw)
+
+    monkeypatch.setattr(type(model), "forward", recording)
 
     logp, ent = lrn._forward_logprobs(batch, slice(0, 3), engine=model, with_entropy=True)
     T = batch.input_ids.shape[1]

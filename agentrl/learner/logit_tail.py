@@ -19,16 +19,21 @@ import torch.nn.functional as F
 
 
 @functools.cache
-def _forward_takes_keep(model_type: type) -> bool:
-    return "logits_to_keep" in inspect.signature(model_type.forward).parameters
+def _forward_params(model_type: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_type.forward).parameters)
 
 
-def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
-    """Whether the causal LM under a DeepSpeed engine (`.module`) and a PEFT wrapper takes `logits_to_keep`."""
+def forward_params(module: torch.nn.Module) -> tuple[frozenset[str], torch.nn.Module]:
+    """(names the forward of the causal LM under a DeepSpeed engine (`.module`) and a PEFT wrapper
+    takes, that model)."""
     model = getattr(module, "module", module)
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
-    return _forward_takes_keep(type(model))
+    return _forward_params(type(model)), model
+
+
+def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
+    return "logits_to_keep" in forward_params(module)[0]
 
 
 def tail_start(scored_BT: torch.Tensor) -> int:

@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterator
 
 import torch
@@ -23,11 +24,10 @@ from agentrl import faults
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
                           aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards, make_kl_controller,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)
-from agentrl.algo.fused_logprobs import temperature_logprobs
-from agentrl.algo.logprobs import picked_logprobs, sampling_entropy, sampling_logits
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import gather_rows, init_single_process_dist
-from agentrl.learner.logit_tail import pad_left, tail_forward
+from agentrl.learner.policy_head import head_logprobs
+from agentrl.learner.shared_prefix import scored_logprobs
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import accumulate, local_grad_norm, micro_slices, rows_mask, weighted, zero_loss
@@ -115,23 +115,14 @@ class Learner:
     # -- forward passes ---------------------------------------------------------------------------
 
     def _forward_logprobs(self, batch: TrainBatch, rows: slice, engine=None, with_entropy: bool = False):
-        """(B, T) log pi of each token, 0 before the scored tail (`logit_tail`); with_entropy: (logprobs, entropy)."""
-        ids, scored = batch.input_ids[rows].to(self.device), batch.loss_mask[rows].to(self.device)
-        logits, ids, scored, start = tail_forward(engine or self.engine, ids, batch.attention_mask[rows].to(self.device), scored)
+        """(B, T) log pi of each token, 0 before the scored tail; with_entropy: (logprobs, entropy). A group's
+        common prompt runs once (`shared_prefix`), the head only where a scored token reads it (`logit_tail`)."""
         entropy_grad = torch.is_grad_enabled() and self.algo.entropy_coef > 0
-        if self.top_p >= 1.0 and not (with_entropy and entropy_grad):
-            # The common case, chunked through the cache: cheaper than one log_softmax (fused_logprobs).
-            logp, entropy = temperature_logprobs(logits, ids, self.temperature, with_entropy=with_entropy)
-            return (pad_left(logp, start), pad_left(entropy, start)) if with_entropy else pad_left(logp, start)
-        # Truncating costs a vocabulary sort per row: only rows whose token enters a loss or metric.
-        logits = sampling_logits(logits, self.temperature, self.top_p, scored_BT=scored)
-        logp = pad_left(picked_logprobs(logits, ids), start)
-        if not with_entropy:
-            return logp
-        # The entropy keeps its graph only when it is a loss term; as a metric it is computed without
-        # one (a (B, T, V) softmax whose graph costs as much as the logprobs' at a 49k vocabulary).
-        with torch.set_grad_enabled(entropy_grad):
-            return logp, pad_left(sampling_entropy(logits), start)
+        head = partial(head_logprobs, temperature=self.temperature, top_p=self.top_p, with_entropy=with_entropy,
+                       entropy_grad=entropy_grad)
+        ids, attn, scored = (t[rows].to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.loss_mask))
+        logp, entropy = scored_logprobs(engine or self.engine, ids, attn, scored, batch.group_ids[rows], head)
+        return (logp, entropy) if with_entropy else logp
 
     def _forward_values(self, batch: TrainBatch, rows: slice) -> torch.Tensor:
         """(B, T) V(s_t): the value of the state before token t, read at position t - 1."""
