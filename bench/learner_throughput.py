@@ -191,6 +191,14 @@ def run_interleaved(sides: list[Side], batch_factory, steps: int, label: str) ->
             progress(f"{label}: {'warm-up' if i == 0 else f'step {i}'} {side.name}: {seconds:.2f}s")
 
 
+def report_pair(sides: list[Side], column: str, label: str, ratio: str) -> None:
+    """The timed steps of two sides as a table, then before / after as a ratio (`ratio` names it)."""
+    rows = [[s.name, " ".join(f"{t:.2f}" for t in s.times), f"{median(s.times):.2f}"] for s in sides]
+    print(table([column, "step s (timed)", "median s"], rows, label), flush=True)
+    before, after = (median(s.times) for s in sides)
+    print(f"{ratio} = {before / after:.2f}x ({before:.2f} s -> {after:.2f} s)", flush=True)
+
+
 def run_sequential(path: str, args: argparse.Namespace, batch_factory, label: str) -> list[Side]:
     """One side at a time, freeing each before building the next (large shapes on small machines)."""
     done = []

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import median, progress, resolve_model, table
-from bench.learner_throughput import Side, make_batch, run_interleaved, tokens_of
+from bench._common import progress, resolve_model
+from bench.learner_throughput import Side, make_batch, report_pair, run_interleaved, tokens_of
 
 
 def build(path: str, args: argparse.Namespace, reuse: bool):
@@ -62,12 +62,9 @@ def main() -> None:
     sides = [Side("own no-grad pass (before)", build(path, args, reuse=False).step),
              Side("from the training pass", build(path, args, reuse=True).step)]
     run_interleaved(sides, batch_factory, args.steps, args.model)
-    rows = [[s.name, " ".join(f"{t:.2f}" for t in s.times), f"{median(s.times):.2f}"] for s in sides]
     label = (f"{args.model}: Learner.step with a reference and a KL {args.kl} term, batch {args.batch} x {args.seq} "
              f"(padded), {tokens_of(batch_factory())} tokens, {args.threads} threads")
-    print(table(["pi_prox", "step s (timed)", "median s"], rows, label), flush=True)
-    before, after = (median(s.times) for s in sides)
-    print(f"step time own pass / reused = {before / after:.2f}x ({before:.2f} s -> {after:.2f} s)", flush=True)
+    report_pair(sides, "pi_prox", label, "step time own pass / reused")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ REPLIES = ([310, 311, 2], [305, 2])  # ragged: 3 and 2 generated tokens
 
 
 def make_batch(rewards=(1.0, 0.0), group=(0, 0)) -> TrainBatch:
-    """Two episodes with behaviour logprobs set to the learner's later (decoupled mode ignores them)."""
+    """Two episodes, behaviour logprobs -1.0 a token: decoupled mode reads them in the IS weight and a reward-mode KL
+    penalty (tests that check those set them)."""
     eps = []
     for prompt, reply, r, g in zip(PROMPTS, REPLIES, rewards, group):
         ep = Episode(task_id="t", group_id=g)

@@ -15,7 +15,7 @@ from agentrl.learner import shared_prefix
 from agentrl.learner.shared_prefix import can_share, common_prefix, share_plan
 from agentrl.types import Episode, TrainBatch
 
-PROMPT_A = [1] + [3 + (7 * i) % 250 for i in range(19)]  # 20 tokens: over MIN_SHARED
+PROMPT_A = [1] + [3 + (7 * i) % 250 for i in range(19)]  # 20 tokens
 PROMPT_B = [1] + [5 + (11 * i) % 240 for i in range(23)]  # 24 tokens
 
 
@@ -31,10 +31,10 @@ def test_the_plan_shares_each_groups_prompt_up_to_its_first_needed_logit():
     groups = torch.tensor([7, 7, 3, 3, 9])
     assert common_prefix(ids[:2], attn[:2]) == 4 and common_prefix(ids[2:4], attn[2:4]) == 5
     assert common_prefix(ids[2:4], torch.tensor([[1, 1, 1, 1, 0, 0, 0], [1] * 7])) == 4  # a pad ends it
-    shared, rest = share_plan(ids, attn, scored, groups, min_shared=2)
+    shared, rest = share_plan(ids, attn, scored, groups, params=10, min_saved=20)  # saves (n - 1) x prefix x params
     # group 7: common 4, first scored column 4 -> the logits from 3 on: shares 3; group 3: first scored 3 -> 2
     assert [(r.tolist(), p) for r, p in shared] == [([0, 1], 3), ([2, 3], 2)] and rest.tolist() == [4]
-    shared, rest = share_plan(ids, attn, scored, groups, min_shared=3)
+    shared, rest = share_plan(ids, attn, scored, groups, params=10, min_saved=21)
     assert [(r.tolist(), p) for r, p in shared] == [([0, 1], 3)] and rest.tolist() == [2, 3, 4]
 
 
@@ -65,6 +65,7 @@ def new_learner(path: str, learner: dict | None = None, **algo):
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9], ids=["chunked-head", "nucleus"])
 def test_logprobs_entropy_and_gradients_equal_separate_rows(tiny_model, top_p, monkeypatch):
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED", 0)  # the test's model is tiny: share whatever the saving
     lrn = new_learner(tiny_model)
     lrn.top_p = top_p
     batch = make_batch()
@@ -106,9 +107,10 @@ def test_a_learner_step_equals_the_step_over_separate_rows(tiny_model, learner, 
     """Reference and pi_prox passes (no grad) and the training pass all share; the step's metrics and
     the weights after it match a learner whose rows run one by one."""
     algo = {"kl": {"type": "loss", "coef": 0.1}}
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED", 0)
     shared = new_learner(tiny_model, learner, **algo)
     (m_shared,) = shared.step(make_batch())
-    monkeypatch.setattr(shared_prefix, "MIN_SHARED", 10_000)  # no group shares
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED", float("inf"))  # no group shares
     separate = new_learner(tiny_model, learner, **algo)
     (m_separate,) = separate.step(make_batch())
     for key in ("kl_ref", "kl_seq_k1", "clip_frac", "entropy"):

@@ -181,9 +181,9 @@ class Learner:
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         return metrics
 
-    def _reference_kl(self, old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    def _reference_kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
         """KL(pi || reference) per sequence (pi: mu or pi_prox) and the weight it met; the controller takes it."""
-        metrics = {"kl_seq_k1": sequence_kl(old_logp, ref_logp, mask), "kl_coef": self.kl_ctl.value}
+        metrics = {"kl_seq_k1": sequence_kl(logp, ref_logp, mask), "kl_coef": self.kl_ctl.value}
         self.kl_ctl.update(metrics["kl_seq_k1"], len(mask))
         return metrics
 
@@ -269,7 +269,8 @@ class Learner:
         KL reads mu, not pi_prox (`advantages`); a KL loss term's metric reads pi_prox after the training pass,
         unless an adaptive weight, which that KL moves, needs it before."""
         kl, one_step = self.algo.kl, self.algo.mode == "decoupled" and self.cfg.mini_batches == 1
-        return one_step and (self.reference is None or kl.type == "reward" or kl.controller.type == "fixed")
+        fixed_loss_term = kl.type == "loss" and kl.controller.type == "fixed"
+        return one_step and (self.reference is None or kl.type == "reward" or fixed_loss_term)
 
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
         """Train on one batch: recompute pi_prox (decoupled), reference logprobs and values as needed,

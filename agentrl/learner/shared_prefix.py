@@ -9,9 +9,9 @@ and the n suffixes run on it, so gradients from every suffix flow back into the 
 The logits are those of the separate rows up to float32 summation order (tests/test_shared_prefix.py).
 
 The shared prefix ends before the logits the first scored token needs (`logit_tail.tail_start`),
-so every logit the loss reads comes from the suffix pass. Rows without a group to share with, a
-common prefix shorter than `MIN_SHARED`, a model whose forward takes no cache, and a model training
-under gradient checkpointing (Hugging Face turns the cache off there) take the ordinary pass.
+so every logit the loss reads comes from the suffix pass. Rows without a group to share with, a group
+whose sharing saves under `MIN_SAVED` multiply-adds, a model whose forward takes no cache, and a model
+training under gradient checkpointing (Hugging Face turns the cache off there) take the ordinary pass.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ import torch
 
 from agentrl.learner.logit_tail import accepts_logits_to_keep, forward_params, pad_left, tail_forward, tail_start
 
-MIN_SHARED = 16  # a shorter common prefix saves less than a pass of its own costs on CPU
+# Multiply-adds a group's sharing must save ((n - 1) x prefix positions x parameters): below it the extra
+# passes cost about what they save (the embedded default, 1M parameters, stepped no faster sharing 8 groups'
+# 30-token prompts: 0.99 s vs 1.03 s, bench/shared_prefix.py); SmolLM2 saves 28e9 a group on the quiz's
+# 30-token prompt.
+MIN_SAVED = 2e9
 
 
 @dataclass
@@ -44,14 +48,14 @@ def common_prefix(ids_NT: torch.Tensor, attention_NT: torch.Tensor) -> int:
 
 
 def share_plan(ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor, groups_B: torch.Tensor,
-               min_shared: int | None = None) -> tuple[list[tuple[torch.Tensor, int]], torch.Tensor]:
+               params: int, min_saved: float | None = None) -> tuple[list[tuple[torch.Tensor, int]], torch.Tensor]:
     """([(rows of a group, prefix length they share)], the other rows). The prefix stops at the group's
-    `tail_start`, so the suffix pass yields every logit a scored token needs. min_shared: MIN_SHARED."""
-    shared, rest, min_shared = [], [], MIN_SHARED if min_shared is None else min_shared
+    `tail_start`, so the suffix pass yields every logit a scored token needs. min_saved: MIN_SAVED."""
+    shared, rest, min_saved = [], [], MIN_SAVED if min_saved is None else min_saved
     for group in dict.fromkeys(groups_B.tolist()):  # groups in order of first appearance
         rows = (groups_B == group).nonzero().flatten()
         prefix = min(common_prefix(ids_BT[rows], attention_BT[rows]), tail_start(scored_BT[rows])) if len(rows) > 1 else 0
-        if prefix >= min_shared:
+        if prefix > 0 and (len(rows) - 1) * prefix * params >= min_saved:
             shared.append((rows, prefix))
         else:
             rest.append(rows)
@@ -60,9 +64,14 @@ def share_plan(ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torc
 
 def can_share(model) -> bool:
     """The model takes and returns a key/value cache here (not under gradient checkpointing while training)."""
-    params, bare = forward_params(model)
+    names, bare = forward_params(model)
     checkpointing = torch.is_grad_enabled() and getattr(bare, "is_gradient_checkpointing", False)
-    return "past_key_values" in params and not checkpointing
+    return "past_key_values" in names and not checkpointing
+
+
+def parameter_count(model) -> int:
+    """Parameters of the model (ZeRO-3 partitions hold their full size in `ds_numel`)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in forward_params(model)[1].parameters())
 
 
 def _shared_forward(model, ids_NT: torch.Tensor, attention_NT: torch.Tensor, scored_NT: torch.Tensor,
@@ -83,9 +92,9 @@ def _shared_forward(model, ids_NT: torch.Tensor, attention_NT: torch.Tensor, sco
 
 
 def forward_pieces(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor,
-                   groups_B: torch.Tensor, min_shared: int | None = None) -> list[Piece]:
+                   groups_B: torch.Tensor) -> list[Piece]:
     """The micro-batch's logits in pieces: one per group sharing its prefix, one for the other rows."""
-    shared, rest = (share_plan(ids_BT, attention_BT, scored_BT, groups_B.to(ids_BT.device), min_shared)
+    shared, rest = (share_plan(ids_BT, attention_BT, scored_BT, groups_B.to(ids_BT.device), parameter_count(model))
                     if can_share(model) else ([], torch.arange(len(ids_BT), device=ids_BT.device)))
     pieces = []
     for rows, prefix in shared:
@@ -101,11 +110,11 @@ def forward_pieces(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scor
 
 
 def scored_logprobs(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor,
-                    groups_B: torch.Tensor, head: Callable, min_shared: int | None = None):
+                    groups_B: torch.Tensor, head: Callable):
     """((B, T) log pi, (B, T) entropy or None): `head(logits, ids, scored)` on each piece, back in row
     order and aligned with the ids; positions before a piece's start read 0 (nothing scored there)."""
     logps, entropies, order = [], [], []
-    for piece in forward_pieces(model, ids_BT, attention_BT, scored_BT, groups_B, min_shared):
+    for piece in forward_pieces(model, ids_BT, attention_BT, scored_BT, groups_B):
         logp, entropy = head(piece.logits, piece.ids, piece.scored)
         logps.append(pad_left(logp, piece.start))
         entropies.append(None if entropy is None else pad_left(entropy, piece.start))
