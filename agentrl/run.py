@@ -229,7 +229,9 @@ class RLRun:
         pad_id = self.tokenizer.pad_token_id
         try:
             for step in range(self.step, cfg.train.steps):
+                waited_from = time.perf_counter()
                 assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed)
+                batch_wait_s = time.perf_counter() - waited_from  # the learner idle, waiting for episodes
                 # Advantages are left to the learner, which holds the critic and reference.
                 batch = TrainBatch.from_episodes(assembly.episodes, None, pad_id)
                 # Checked again on the tensors the learner actually trains on, independently of the buffer.
@@ -244,7 +246,7 @@ class RLRun:
                     await sync.push(learner.version)
                 rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
                 pool.failures.flush(f"step {step}")
-                rec["trained_staleness_max"] = trained_staleness
+                rec.update(trained_staleness_max=trained_staleness, batch_wait_s=batch_wait_s)
                 rec.update(producer.metrics())
                 rec.update(engine_restarts=fleet.stats()["engine_restarts"], engine_version_min=fleet.version)
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:

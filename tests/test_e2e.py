@@ -74,6 +74,7 @@ def test_on_policy_training_with_staleness_0(tmp_path, model_dir):
         assert rec["staleness_hist"] == {"0": rec["episodes"]}
         assert rec["trained_staleness_max"] == 0
         assert rec["overlap_tokens"] == 0
+        assert rec["batch_wait_s"] > 0  # synchronous: every batch is generated after the last step's push
         # Fresh samples: pi_prox (learner) and mu (vLLM) come from identical float32 weights.
         assert rec["policy/mismatch_abs"] < 1e-4
     assert res["summary"]["train"]["max_staleness_seen"] == 0
