@@ -3,7 +3,8 @@ progress bar, and a final summary with the curves plot.
 
 Metric names (keys of each jsonl record):
   step, version, reward_mean, success_rate, eval_score (at eval points), staleness_hist,
-  rollout_tokens_per_s, learner_step_s, batch_wait_s, push_latency_s, push_failures,
+  rollout_tokens_per_s, learner_step_s (the optimizer steps' passes), learner_call_s (the whole learner
+  step: also the reference, pi_prox and value passes and the advantages), batch_wait_s, push_latency_s, push_failures,
   overlap_tokens (tokens generated while the learner stepped), policy/* (clip_frac, is_weight_*,
   is_ess, mismatch_k1, mismatch_abs, ...), episodes/* (status counts), buffer/* (buffer counters).
 """
@@ -165,7 +166,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         note = f"  (no learning signal from step {signal['warned_at_step']}: see the warning)" \
             if signal["warned_at_step"] is not None else ""
         lines.append(f"groups with equal rewards       : {signal['equal_reward_groups_frac']:.0%}{note}")
-    lines.append(f"RL time {train.get('seconds', 0):.0f}s, total wall time {summary.get('wall_s', 0):.0f}s")
+    evals = [res["seconds"] for res in (before, after) if res and res.get("seconds") is not None]
+    eval_time = f", held-out evals {sum(evals):.0f}s" if evals else ""
+    lines.append(f"RL time {train.get('seconds', 0):.0f}s{eval_time}, total wall time {summary.get('wall_s', 0):.0f}s")
     if "saved_model" in summary:
         lines.append(f"trained model                   : {summary['saved_model']}")
     if summary.get("plot"):

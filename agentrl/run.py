@@ -32,7 +32,7 @@ from agentrl.config import Config
 from agentrl.data import TaskStream
 from agentrl.learning_signal import SignalWatch, signal_metrics, step_signal
 from agentrl.metrics import MetricsSink
-from agentrl.rollout.pool import Producer, RolloutPool, score_episodes, unless_failed
+from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes, unless_failed
 from agentrl.startup import (Prepared, load_model_format, start_agent_server, start_workers, stop_agent_server,
                              stop_workers)
 from agentrl.types import TrainBatch
@@ -182,12 +182,19 @@ class RLRun:
 
     # -- train ------------------------------------------------------------------------------------
 
+    async def _evaluate(self) -> EvalResult:
+        """The held-out tasks, scored and timed."""
+        t = time.perf_counter()
+        result = score_episodes(await self.pool.evaluate(self.prep.eval_tasks, self.cfg.data.seed))
+        result.seconds = time.perf_counter() - t
+        return result
+
     async def train(self) -> dict[str, Any]:
         """Evaluate, train `train.steps` steps (from a resumed run's step), save, evaluate; the summary."""
-        cfg, pool, prep = self.cfg, self.pool, self.prep
+        cfg, pool = self.cfg, self.pool
         summary: dict[str, Any] = {"model": self.model_path, "config": cfg.model_dump()}
         if cfg.train.eval_before and self.resumed is None:
-            self.kept["eval_before"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
+            self.kept["eval_before"] = (await self._evaluate()).__dict__
             log.info("eval before RL: %s", self.kept["eval_before"])
         summary.update(self.kept)
         if self.resumed is not None:
@@ -213,7 +220,7 @@ class RLRun:
             summary["saved_model"] = os.path.join(cfg.train.out_dir, "model")
             await asyncio.to_thread(self.learner.save, summary["saved_model"], self.tokenizer)
         if cfg.train.eval_after:
-            summary["eval_after"] = score_episodes(await pool.evaluate(prep.eval_tasks, cfg.data.seed)).__dict__
+            summary["eval_after"] = (await self._evaluate()).__dict__
             log.info("eval after RL: %s", summary["eval_after"])
         summary["wall_s"] = time.perf_counter() - self.t_start
         sink.write_summary(summary)
@@ -239,19 +246,21 @@ class RLRun:
                 if trained_staleness > cfg.buffer.max_staleness:
                     raise RuntimeError(f"staleness invariant violated: {trained_staleness} > {cfg.buffer.max_staleness}")
                 tokens_before = pool.generated_tokens
+                called = time.perf_counter()
                 metrics = await asyncio.to_thread(learner.step, batch)
+                learner_call_s = time.perf_counter() - called
                 buffer.set_learner_version(learner.version)  # before the push: E never passes W
                 overlap = pool.generated_tokens - tokens_before
                 if learner.version % cfg.weight_sync.every_steps == 0 or step == cfg.train.steps - 1:
                     await sync.push(learner.version)
                 rec = step_record(step, assembly, metrics, sync.take_results(), pool, window, overlap, buffer)
                 pool.failures.flush(f"step {step}")
-                rec.update(trained_staleness_max=trained_staleness, batch_wait_s=batch_wait_s)
+                rec.update(trained_staleness_max=trained_staleness, batch_wait_s=batch_wait_s, learner_call_s=learner_call_s)
                 rec.update(producer.metrics())
                 rec.update(engine_restarts=fleet.stats()["engine_restarts"], engine_version_min=fleet.version)
                 if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
                     # Runs beside training episodes on whatever weights the engine serves right now.
-                    rec["eval_score"] = score_episodes(await pool.evaluate(self.prep.eval_tasks, cfg.data.seed)).score
+                    rec["eval_score"] = (await self._evaluate()).score
                 self.max_stale_seen = max(self.max_stale_seen, trained_staleness)
                 # From here to the checkpoint's capture nothing awaits: every task position is accounted
                 # for once, in a record or in the checkpoint.

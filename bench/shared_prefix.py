@@ -43,11 +43,11 @@ def make_batch(vocab: int, pad_id: int, args: argparse.Namespace):
     return TrainBatch.from_episodes(episodes, None, pad_id)
 
 
-def side(learner, shared_prefix, share: bool):
-    default = shared_prefix.MIN_SAVED
+def side(learner, share: bool):
+    default = learner.share_min_saved
 
     def step(batch):
-        shared_prefix.MIN_SAVED = default if share else float("inf")  # inf: no group saves enough to share
+        learner.share_min_saved = default if share else float("inf")  # inf: no group saves enough to share
         learner.step(batch)
     return step
 
@@ -64,7 +64,6 @@ def main() -> None:
 
     from agentrl.chat import load_tokenizer
     from agentrl.config import AlgoConfig, LearnerConfig
-    from agentrl.learner import shared_prefix
     from agentrl.learner.dist import usable_cores
     from agentrl.learner.rl import Learner
 
@@ -78,8 +77,8 @@ def main() -> None:
                       AlgoConfig(kl={"type": "loss", "coef": 0.01}), temperature=1.0, batch_size=rows,
                       total_steps=2 * (args.steps + 1))
     batch_factory = lambda: make_batch(len(tok), pad, args)
-    sides = [Side("every row runs its prompt", side(learner, shared_prefix, False)),
-             Side("the group's prompt once", side(learner, shared_prefix, True))]
+    sides = [Side("every row runs its prompt", side(learner, False)),
+             Side("the group's prompt once", side(learner, True))]
     run_interleaved(sides, batch_factory, args.steps, args.model)
     batch = batch_factory()
     width = batch.input_ids.shape[1]

@@ -55,7 +55,8 @@ def test_async_training_with_staleness_2(tmp_path, model_dir):
     assert latencies and all(x > 0 for x in latencies)
     assert summary["train"]["final_push_ok"] and summary["fleet"]["engine_versions"] == [8]  # every push landed
     assert summary["eval_before"]["n"] == 16 and summary["eval_after"]["n"] == 16
-    assert "held-out eval score, after RL" in res["stdout"]
+    assert summary["eval_before"]["seconds"] > 0 and summary["eval_after"]["seconds"] > 0  # timed, as printed
+    assert "held-out eval score, after RL" in res["stdout"] and ", held-out evals " in res["stdout"]
     from transformers import AutoModelForCausalLM
 
     saved = AutoModelForCausalLM.from_pretrained(summary["saved_model"])
@@ -75,6 +76,7 @@ def test_on_policy_training_with_staleness_0(tmp_path, model_dir):
         assert rec["trained_staleness_max"] == 0
         assert rec["overlap_tokens"] == 0
         assert rec["batch_wait_s"] > 0  # synchronous: every batch is generated after the last step's push
+        assert rec["learner_call_s"] >= rec["learner_step_s"] > 0  # the call holds the optimizer step's passes
         # Fresh samples: pi_prox (learner) and mu (vLLM) come from identical float32 weights.
         assert rec["policy/mismatch_abs"] < 1e-4
     assert res["summary"]["train"]["max_staleness_seen"] == 0

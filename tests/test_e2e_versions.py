@@ -51,10 +51,23 @@ def test_tokens_sampled_before_a_push_keep_their_version_when_read_after_it(tiny
             await asyncio.sleep(0.5)  # the engine samples faster than this reads: steps pile up unread
         return ids, lps, vers
 
+    async def cached_tokens(engine: Engine, ids: list[int], request_id: str) -> int:
+        from vllm import SamplingParams
+
+        async for out in engine.llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1), request_id):
+            last = out
+        return last.num_cached_tokens
+
     async def main():
         engine = Engine.start(model_dir, EngineConfig(max_num_seqs=8, seed=0), tok.eos_token_id)
         try:
             await engine.generate(prompt, 8)  # the first step is slow (warm-up); the timing below starts after it
+            # The same engine shows prefix caching at work on a prompt under vLLM's CPU block of 128 tokens
+            # (agentrl.rollout.engine.kv_block_size): sent twice, a 70-token prompt finds its first two
+            # 32-token blocks cached the second time.
+            long_prompt = tok.encode(" ".join(str(i) for i in range(200)), add_special_tokens=False)[:70]
+            assert len(long_prompt) == 70 and engine.llm.vllm_config.cache_config.block_size == 32
+            assert [await cached_tokens(engine, long_prompt, f"cache-{i}") for i in range(2)] == [0, 64]
             started = [asyncio.Event() for _ in range(6)]
             readers = [asyncio.create_task(slow_reader(engine, s, started[s])) for s in range(6)]
             # Push mid-stream: after every reader has its first delta (so all are sampling), while they sleep

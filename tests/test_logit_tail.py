@@ -94,8 +94,10 @@ def test_a_model_without_logits_to_keep_gets_every_position(tiny_model):
     plain = NoKeepLM(lrn.engine.module)
     assert not accepts_logits_to_keep(plain)
     with torch.no_grad():
-        logits, ids, scored, start = tail_forward(plain, batch.input_ids, batch.attention_mask, batch.loss_mask)
-        assert start == 0 and logits.shape[:2] == batch.input_ids.shape and torch.equal(ids, batch.input_ids)
+        rows = torch.arange(len(batch.input_ids))
+        piece = tail_forward(plain, batch.input_ids, batch.attention_mask, batch.loss_mask, rows)
+        assert piece.start == 0 and piece.logits.shape[:2] == batch.input_ids.shape
+        assert torch.equal(piece.ids, batch.input_ids) and torch.equal(piece.rows, rows)
         logp = lrn._forward_logprobs(batch, slice(0, 3), engine=plain)
         full = token_logprobs(lrn.engine.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
                               batch.input_ids, 0.8)

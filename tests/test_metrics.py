@@ -201,7 +201,8 @@ def test_write_summary_draws_the_curves_and_names_them(tmp_path, capsys):
     sink = MetricsSink(tmp_path, 25, show=False)
     for step in range(25):
         sink.log(record(step, **({"eval_score": 0.3 + 0.01 * step} if step % 5 == 4 else {})))
-    summary = {"eval_before": {"score": 0.25, "n": 8, "failed": 0}, "eval_after": {"score": 0.55, "n": 8, "failed": 0}}
+    summary = {"eval_before": {"score": 0.25, "n": 8, "failed": 0, "seconds": 61.4},
+               "eval_after": {"score": 0.55, "n": 8, "failed": 0, "seconds": 50.3}, "train": {"seconds": 300.2}, "wall_s": 420}
     path = sink.write_summary(summary)
     sink.close()  # the training loop's finally after a clean run: a no-op
     assert summary["plot"] == str(tmp_path / "curves.png")
@@ -210,7 +211,9 @@ def test_write_summary_draws_the_curves_and_names_them(tmp_path, capsys):
     assert image.shape[0] > 400 and image.shape[1] > 600
     assert image[..., :3].std() > 0.05  # drawn on, not a blank canvas
     print_summary(summary)
-    assert f"curves                          : {summary['plot']}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"curves                          : {summary['plot']}" in out
+    assert "RL time 300s, held-out evals 112s, total wall time 420s" in out  # 61.4 + 50.3
 
 
 @pytest.mark.parametrize("records", [[], [record(0)], [{"step": s, "reward_mean": 0.5} for s in range(30)]],

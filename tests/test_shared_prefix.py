@@ -11,8 +11,7 @@ import torch
 
 from agentrl.algo.logprobs import token_entropy, token_logprobs
 from agentrl.config import AlgoConfig, LearnerConfig
-from agentrl.learner import shared_prefix
-from agentrl.learner.shared_prefix import can_share, common_prefix, share_plan
+from agentrl.learner.shared_prefix import can_share, common_prefix, parameter_count, share_plan
 from agentrl.types import Episode, TrainBatch
 
 PROMPT_A = [1] + [3 + (7 * i) % 250 for i in range(19)]  # 20 tokens
@@ -65,8 +64,8 @@ def new_learner(path: str, learner: dict | None = None, **algo):
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9], ids=["chunked-head", "nucleus"])
 def test_logprobs_entropy_and_gradients_equal_separate_rows(tiny_model, top_p, monkeypatch):
-    monkeypatch.setattr(shared_prefix, "MIN_SAVED", 0)  # the test's model is tiny: share whatever the saving
     lrn = new_learner(tiny_model)
+    lrn.share_min_saved = 0  # the test's model is tiny: share whatever the saving
     lrn.top_p = top_p
     batch = make_batch()
     model = lrn.engine.module  # the bare module: DeepSpeed's engine refuses autograd.grad at ZeRO 0
@@ -103,15 +102,15 @@ def test_logprobs_entropy_and_gradients_equal_separate_rows(tiny_model, top_p, m
 
 
 @pytest.mark.parametrize("learner", [{}, {"zero_stage": 3}, {"lora": {"rank": 4}}], ids=["zero0", "zero3", "lora"])
-def test_a_learner_step_equals_the_step_over_separate_rows(tiny_model, learner, monkeypatch):
+def test_a_learner_step_equals_the_step_over_separate_rows(tiny_model, learner):
     """Reference and pi_prox passes (no grad) and the training pass all share; the step's metrics and
     the weights after it match a learner whose rows run one by one."""
     algo = {"kl": {"type": "loss", "coef": 0.1}}
-    monkeypatch.setattr(shared_prefix, "MIN_SAVED", 0)
     shared = new_learner(tiny_model, learner, **algo)
+    shared.share_min_saved = 0
     (m_shared,) = shared.step(make_batch())
-    monkeypatch.setattr(shared_prefix, "MIN_SAVED", float("inf"))  # no group shares
     separate = new_learner(tiny_model, learner, **algo)
+    separate.share_min_saved = float("inf")  # no group shares
     (m_separate,) = separate.step(make_batch())
     for key in ("kl_ref", "kl_seq_k1", "clip_frac", "entropy"):
         assert m_shared.policy[key] == pytest.approx(m_separate.policy[key], abs=1e-5), key
@@ -128,3 +127,12 @@ def test_gradient_checkpointing_while_training_takes_the_ordinary_pass(tiny_mode
     assert not can_share(model)  # Hugging Face turns the cache off there
     with torch.no_grad():
         assert can_share(model)
+
+
+def test_the_parameter_count_is_taken_once_per_model(tiny_model, monkeypatch):
+    lrn = new_learner(tiny_model)
+    model = lrn.engine.module
+    want = sum(p.numel() for p in model.parameters())
+    assert parameter_count(lrn.engine) == want  # through DeepSpeed's wrapper, as the learner asks
+    monkeypatch.setattr(model, "parameters", lambda *a, **k: pytest.fail("parameters walked again"))
+    assert parameter_count(lrn.engine) == parameter_count(model) == want

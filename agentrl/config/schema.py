@@ -96,6 +96,8 @@ class EngineConfig(_Base):
     max_num_batched_tokens: int = Field(8192, ge=32, description="tokens per engine step (>= max_model_len)")
     seed: int = Field(0, ge=0, description="engine sampling seed")
     enforce_eager: bool = Field(True, description="skip graph capture/compilation (faster start on CPU)")
+    block_size: int | None = Field(None, ge=16, le=1024, description="tokens per KV-cache block; prefix caching "
+                                   "reuses whole blocks only (None: 32 on CPU, a multiple of 32 there; vLLM's choice on GPU)")
 
 
 class RolloutConfig(_Base):

@@ -13,9 +13,21 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+
+@dataclass
+class Piece:
+    """Logits for some rows of a micro-batch, from position `start` on."""
+
+    rows: torch.Tensor  # (n,) row indices in the micro-batch
+    logits: torch.Tensor  # (n, T - start, V)
+    ids: torch.Tensor  # (n, T - start)
+    scored: torch.Tensor  # (n, T - start)
+    start: int
 
 
 @functools.cache
@@ -43,13 +55,14 @@ def tail_start(scored_BT: torch.Tensor) -> int:
     return max(int(columns[0]) - 1, 0) if len(columns) else 0
 
 
-def tail_forward(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor):
-    """(logits (B, S, V) of positions start..T-1, ids and scored mask of those positions, start):
-    S = T - start; start is 0 (every position) for a model without `logits_to_keep`."""
+def tail_forward(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor,
+                 rows: torch.Tensor) -> Piece:
+    """The rows' logits (B, T - start, V) from the tail's start on, with their ids and scored mask there;
+    start is 0 (every position) for a model without `logits_to_keep`."""
     start = tail_start(scored_BT) if accepts_logits_to_keep(model) else 0
     keep = {"logits_to_keep": ids_BT.shape[1] - start} if start else {}
     logits = model(input_ids=ids_BT, attention_mask=attention_BT, **keep).logits
-    return logits, ids_BT[:, start:], scored_BT[:, start:], start
+    return Piece(rows, logits, ids_BT[:, start:], scored_BT[:, start:], start)
 
 
 def pad_left(values_BS: torch.Tensor, start: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLoss
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.dist import gather_rows, init_single_process_dist
 from agentrl.learner.policy_head import head_logprobs
-from agentrl.learner.shared_prefix import scored_logprobs
+from agentrl.learner.shared_prefix import MIN_SAVED, scored_logprobs
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import accumulate, local_grad_norm, micro_slices, rows_mask, weighted, zero_loss
@@ -111,6 +111,7 @@ class Learner:
         self.version = 0  # actor optimizer steps (also counted while the actor is frozen: pushes stay ordered)
         self.batches_seen = 0
         self.unsup_drawn = 0  # batches taken from unsup_batches (a resumed run skips as many)
+        self.share_min_saved = MIN_SAVED  # a group runs its prompt once when that saves this many multiply-adds
 
     # -- forward passes ---------------------------------------------------------------------------
 
@@ -121,7 +122,8 @@ class Learner:
         head = partial(head_logprobs, temperature=self.temperature, top_p=self.top_p, with_entropy=with_entropy,
                        entropy_grad=entropy_grad)
         ids, attn, scored = (t[rows].to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.loss_mask))
-        logp, entropy = scored_logprobs(engine or self.engine, ids, attn, scored, batch.group_ids[rows], head)
+        logp, entropy = scored_logprobs(engine or self.engine, ids, attn, scored, batch.group_ids[rows], head,
+                                        self.share_min_saved)
         return (logp, entropy) if with_entropy else logp
 
     def _forward_values(self, batch: TrainBatch, rows: slice) -> torch.Tensor:

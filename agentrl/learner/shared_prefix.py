@@ -10,18 +10,19 @@ The logits are those of the separate rows up to float32 summation order (tests/t
 
 The shared prefix ends before the logits the first scored token needs (`logit_tail.tail_start`),
 so every logit the loss reads comes from the suffix pass. Rows without a group to share with, a group
-whose sharing saves under `MIN_SAVED` multiply-adds, a model whose forward takes no cache, and a model
-training under gradient checkpointing (Hugging Face turns the cache off there) take the ordinary pass.
+whose sharing saves under `min_saved` multiply-adds (`MIN_SAVED`; the learner's `share_min_saved`), a
+model whose forward takes no cache, and a model training under gradient checkpointing (Hugging Face
+turns the cache off there) take the ordinary pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
 from typing import Callable
 
 import torch
 
-from agentrl.learner.logit_tail import accepts_logits_to_keep, forward_params, pad_left, tail_forward, tail_start
+from agentrl.learner.logit_tail import Piece, accepts_logits_to_keep, forward_params, pad_left, tail_forward, tail_start
 
 # Multiply-adds a group's sharing must save ((n - 1) x prefix positions x parameters): below it the extra
 # passes cost about what they save (the embedded default, 1M parameters, stepped no faster sharing 8 groups'
@@ -29,16 +30,7 @@ from agentrl.learner.logit_tail import accepts_logits_to_keep, forward_params, p
 # 30-token prompt.
 MIN_SAVED = 2e9
 
-
-@dataclass
-class Piece:
-    """Logits for some rows of a micro-batch, from position `start` on."""
-
-    rows: torch.Tensor  # (n,) row indices in the micro-batch
-    logits: torch.Tensor  # (n, T - start, V)
-    ids: torch.Tensor  # (n, T - start)
-    scored: torch.Tensor  # (n, T - start)
-    start: int
+_PARAMETERS: "weakref.WeakKeyDictionary[torch.nn.Module, int]" = weakref.WeakKeyDictionary()
 
 
 def common_prefix(ids_NT: torch.Tensor, attention_NT: torch.Tensor) -> int:
@@ -48,10 +40,10 @@ def common_prefix(ids_NT: torch.Tensor, attention_NT: torch.Tensor) -> int:
 
 
 def share_plan(ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor, groups_B: torch.Tensor,
-               params: int, min_saved: float | None = None) -> tuple[list[tuple[torch.Tensor, int]], torch.Tensor]:
+               params: int, min_saved: float = MIN_SAVED) -> tuple[list[tuple[torch.Tensor, int]], torch.Tensor]:
     """([(rows of a group, prefix length they share)], the other rows). The prefix stops at the group's
-    `tail_start`, so the suffix pass yields every logit a scored token needs. min_saved: MIN_SAVED."""
-    shared, rest, min_saved = [], [], MIN_SAVED if min_saved is None else min_saved
+    `tail_start`, so the suffix pass yields every logit a scored token needs."""
+    shared, rest = [], []
     for group in dict.fromkeys(groups_B.tolist()):  # groups in order of first appearance
         rows = (groups_B == group).nonzero().flatten()
         prefix = min(common_prefix(ids_BT[rows], attention_BT[rows]), tail_start(scored_BT[rows])) if len(rows) > 1 else 0
@@ -70,8 +62,12 @@ def can_share(model) -> bool:
 
 
 def parameter_count(model) -> int:
-    """Parameters of the model (ZeRO-3 partitions hold their full size in `ds_numel`)."""
-    return sum(getattr(p, "ds_numel", p.numel()) for p in forward_params(model)[1].parameters())
+    """Parameters of the model (ZeRO-3 partitions hold their full size in `ds_numel`), counted once per
+    model: every learner pass asks."""
+    bare = forward_params(model)[1]
+    if bare not in _PARAMETERS:
+        _PARAMETERS[bare] = sum(getattr(p, "ds_numel", p.numel()) for p in bare.parameters())
+    return _PARAMETERS[bare]
 
 
 def _shared_forward(model, ids_NT: torch.Tensor, attention_NT: torch.Tensor, scored_NT: torch.Tensor,
@@ -92,10 +88,10 @@ def _shared_forward(model, ids_NT: torch.Tensor, attention_NT: torch.Tensor, sco
 
 
 def forward_pieces(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor,
-                   groups_B: torch.Tensor) -> list[Piece]:
+                   groups_B: torch.Tensor, min_saved: float = MIN_SAVED) -> list[Piece]:
     """The micro-batch's logits in pieces: one per group sharing its prefix, one for the other rows."""
-    shared, rest = (share_plan(ids_BT, attention_BT, scored_BT, groups_B.to(ids_BT.device), parameter_count(model))
-                    if can_share(model) else ([], torch.arange(len(ids_BT), device=ids_BT.device)))
+    shared, rest = (share_plan(ids_BT, attention_BT, scored_BT, groups_B.to(ids_BT.device), parameter_count(model),
+                               min_saved) if can_share(model) else ([], torch.arange(len(ids_BT), device=ids_BT.device)))
     pieces = []
     for rows, prefix in shared:
         piece = _shared_forward(model, ids_BT[rows], attention_BT[rows], scored_BT[rows], prefix, rows)
@@ -104,17 +100,16 @@ def forward_pieces(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scor
         else:
             pieces.append(piece)
     if len(rest):
-        logits, ids, scored, start = tail_forward(model, ids_BT[rest], attention_BT[rest], scored_BT[rest])
-        pieces.append(Piece(rest, logits, ids, scored, start))
+        pieces.append(tail_forward(model, ids_BT[rest], attention_BT[rest], scored_BT[rest], rest))
     return pieces
 
 
 def scored_logprobs(model, ids_BT: torch.Tensor, attention_BT: torch.Tensor, scored_BT: torch.Tensor,
-                    groups_B: torch.Tensor, head: Callable):
+                    groups_B: torch.Tensor, head: Callable, min_saved: float = MIN_SAVED):
     """((B, T) log pi, (B, T) entropy or None): `head(logits, ids, scored)` on each piece, back in row
     order and aligned with the ids; positions before a piece's start read 0 (nothing scored there)."""
     logps, entropies, order = [], [], []
-    for piece in forward_pieces(model, ids_BT, attention_BT, scored_BT, groups_B):
+    for piece in forward_pieces(model, ids_BT, attention_BT, scored_BT, groups_B, min_saved):
         logp, entropy = head(piece.logits, piece.ids, piece.scored)
         logps.append(pad_left(logp, piece.start))
         entropies.append(None if entropy is None else pad_left(entropy, piece.start))

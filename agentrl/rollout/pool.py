@@ -147,6 +147,7 @@ class EvalResult:
     # Share of finished episodes with a tool call the server executed without error (the env's
     # info["tool_success"]); None when the env reports no tool use.
     tool_call_success_rate: float | None = None
+    seconds: float | None = None  # the eval's wall time (set by the run that timed it)
 
 
 def score_episodes(episodes: list[Episode]) -> EvalResult:

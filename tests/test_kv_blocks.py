@@ -1,0 +1,14 @@
+"""KV-cache blocks small enough for prefix caching to share short prompts (agentrl.rollout.engine.kv_block_size):
+vLLM's CPU default of 128-token blocks shares nothing under 128 tokens, and prefix caching reuses whole
+blocks only. On a real engine: tests/test_e2e_versions.py (a 70-token prompt sent twice finds 64 tokens
+cached)."""
+
+from __future__ import annotations
+
+from agentrl.rollout.engine import CPU_BLOCK_SIZE, kv_block_size
+
+
+def test_the_block_size_asked_for():
+    assert kv_block_size(None, cpu=True) == CPU_BLOCK_SIZE == 32
+    assert kv_block_size(None, cpu=False) is None  # vLLM's choice per attention backend
+    assert kv_block_size(64, cpu=True) == 64 and kv_block_size(16, cpu=False) == 16
