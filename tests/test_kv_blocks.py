@@ -5,6 +5,8 @@ cached)."""
 
 from __future__ import annotations
 
+import pytest
+
 from agentrl.rollout.engine import CPU_BLOCK_SIZE, kv_block_size
 
 
@@ -12,3 +14,9 @@ def test_the_block_size_asked_for():
     assert kv_block_size(None, cpu=True) == CPU_BLOCK_SIZE == 32
     assert kv_block_size(None, cpu=False) is None  # vLLM's choice per attention backend
     assert kv_block_size(64, cpu=True) == 64 and kv_block_size(16, cpu=False) == 16
+
+
+def test_a_size_the_cpu_kernels_refuse_names_the_key():
+    with pytest.raises(ValueError, match=r"engine\.block_size=48: vLLM's CPU attention takes multiples of 32"):
+        kv_block_size(48, cpu=True)
+    assert kv_block_size(48, cpu=False) == 48  # GPU backends have sizes of their own; vLLM checks them
