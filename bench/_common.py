@@ -1,9 +1,11 @@
-"""Helpers shared by the benchmarks: model names, a uvloop runner, progress lines and plain-text tables."""
+"""Helpers shared by the benchmarks: model names, a uvloop runner, logged subprocesses, progress lines and
+plain-text tables."""
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Sequence
@@ -54,3 +56,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str = ""
 
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def run_logged(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    """Run `cmd` from the repository root with its output in `log`; RuntimeError with the log's tail if it fails."""
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{log.read_text()[-3000:]}")

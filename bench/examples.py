@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import ROOT, progress
+from _common import ROOT, progress, run_logged
 
 TOOL_PORT = 8765
 
@@ -76,25 +76,17 @@ def tool_server(env: dict[str, str]):
         proc.wait(timeout=30)
 
 
-def run(cmd: list[str], env: dict[str, str], log: Path) -> None:
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{tail}")
-
-
 def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -> tuple[float, float]:
     cmd = [sys.executable, "-m", "agentrl.train", "--config", ex.config, f"train.out_dir={out}", *extra]
     with tool_server(env) if ex.tool_server else contextlib.nullcontext():
-        run(cmd, env, out.with_suffix(".log"))
+        run_logged(cmd, out.with_suffix(".log"), env)
     summary = json.loads((out / "summary.json").read_text())
     return summary["eval_before"]["score"], summary["eval_after"]["score"]
 
 
 def run_pipeline(out: Path, env: dict[str, str]) -> tuple[float, float]:
     """The pipeline's own held-out eval (examples/pipeline/run.sh's eval stages): after SFT, after PPO."""
-    run(["bash", "examples/pipeline/run.sh"], {**env, "OUT": str(out)}, out.with_suffix(".log"))
+    run_logged(["bash", "examples/pipeline/run.sh"], out.with_suffix(".log"), {**env, "OUT": str(out)})
     before = json.loads((out / "eval_sft.json").read_text())["score"]
     after = json.loads((out / "eval_ppo.json").read_text())["score"]
     return before, after

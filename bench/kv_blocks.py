@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import ROOT, median, progress, table
+from _common import median, progress, run_logged, table
 
 SIDES = (128, 32)
 
@@ -30,11 +29,7 @@ def eval_once(config: str, block_size: int, out: Path) -> tuple[float, float]:
     """(eval seconds, score) of one eval-only run."""
     cmd = [sys.executable, "-m", "agentrl.train", "--config", f"examples/agents/{config}.yaml", "train.steps=0",
            "train.eval_after=false", f"engine.block_size={block_size}", f"train.out_dir={out}"]
-    log = out.with_suffix(".log")
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"exit {proc.returncode}: {' '.join(cmd)}\n{log.read_text()[-3000:]}")
+    run_logged(cmd, out.with_suffix(".log"))
     before = json.loads((out / "summary.json").read_text())["eval_before"]
     return before["seconds"], before["score"]
 

@@ -102,13 +102,13 @@ def kv_block_size(configured: int | None, cpu: bool) -> int | None:
     32 is the smallest size the CPU attention kernels take. SmolLM2 on 2 cores, 128 held-out episodes
     (`python bench/kv_blocks.py`): reasoning_gym's 3-shot eval 164.8 -> 63.8 s, the quiz's 153.3 -> 94.8 s,
     the same samples. None elsewhere: vLLM's own choice per attention backend."""
-    if configured is not None and cpu and configured % CPU_BLOCK_SIZE:
+    if configured is None:
+        return CPU_BLOCK_SIZE if cpu else None
+    if cpu and configured % CPU_BLOCK_SIZE:
         # vLLM would fail inside the engine core's start, its traceback naming no config key
         raise ValueError(f"engine.block_size={configured}: vLLM's CPU attention takes multiples of "
                          f"{CPU_BLOCK_SIZE} (32, 64, 128, ...)")
-    if configured is not None:
-        return configured
-    return CPU_BLOCK_SIZE if cpu else None
+    return configured
 
 
 class Engine:
