@@ -188,7 +188,7 @@ def report_pair(runs: dict[int, dict], steps: int, eval_every: int, deltas: list
               f"RL time {run['summary']['train']['seconds']:.0f} s")
     steps_s = [runs[s]["summary"]["train"]["seconds"] / steps for s in (0, 4)]
     print(f"  seconds per step: sync {steps_s[0]:.2f}, async {steps_s[1]:.2f} -> {steps_s[0] / steps_s[1]:.2f}x")
-    learn = [sum(r["learner_step_s"] for r in runs[s]["records"]) / steps for s in (0, 4)]
+    learn = [sum(r["learner_call_s"] for r in runs[s]["records"]) / steps for s in (0, 4)]
     print(f"  learner step: sync {learn[0]:.2f} s, async {learn[1]:.2f} s ({learn[1] / learn[0]:.2f}x slower beside "
           f"vLLM on the same cores). Async cannot step faster than its learner, so its per-step speed-up is "
           f"bounded by sync step / learner step = {steps_s[0] / learn[0]:.2f}x (generation, push and evals "

@@ -137,7 +137,7 @@ def report(workload: str, runs: dict[tuple[str, int, int], dict], deltas: tuple[
     for (method, s) in settings:
         got = [runs[(method, s, seed)] for seed in seeds if (method, s, seed) in runs]
         step_s = statistics.mean(r["summary"]["train"]["seconds"] / steps for r in got)
-        learn_s = statistics.mean(sum(x["learner_step_s"] for x in r["records"]) / steps for r in got)
+        learn_s = statistics.mean(sum(x["learner_call_s"] for x in r["records"]) / steps for r in got)
         rows.append([method, s, f"{step_s:.2f}", f"{learn_s:.2f}"])
     print(table(["method", "max_staleness", "seconds per step", "learner seconds per step"], rows,
                 f"\n{workload}: time per step (mean over seeds)"))

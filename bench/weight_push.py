@@ -189,7 +189,7 @@ def real_runs(steps: int, transports: list[str]) -> None:
             recs = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
             summary = json.loads((Path(tmp) / "summary.json").read_text())
         pauses = [r["push_pause_s"] for r in recs if r.get("push_pause_s")]
-        steps_s = [r["learner_step_s"] for r in recs[1:]]  # the first step carries DeepSpeed's warm-up
+        steps_s = [r["learner_call_s"] for r in recs[1:]]  # the first step carries DeepSpeed's warm-up
         out.append((transport, summary["fleet"]["weight_transport"], statistics.median(pauses),
                     statistics.median(steps_s), time.perf_counter() - t0))
     print(f"{'transport':>10} {'used':>10} {'pause s':>8} {'learner step s':>15} {'pause/step':>11} {'wall s':>7}")
