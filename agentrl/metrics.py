@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import sys
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,20 @@ def setup_logging(level: int = logging.INFO) -> None:
     # access log of its interception server, 3 lines an episode) would drown the training log.
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "aiohttp.access", "verifiers"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
+    quiet_cpu_install_notices(level)
+
+
+def quiet_cpu_install_notices(level: int) -> None:
+    """The lines every CPU run printed that say nothing a user can act on. Triton is left out of the CPU
+    install on purpose (scripts/install.sh): vLLM says so at import, at INFO and through this handler (its
+    own logging, VLLM_LOGGING_LEVEL included, is set up only when an engine starts), and torch warns once
+    per custom op registered. vLLM's scan of every module's attributes reads the deprecated
+    `torch.distributed.reduce_op`, which raises torch's FutureWarning, twice a process. Forked processes
+    (the engine cores) inherit these settings."""
+    logging.getLogger("vllm").setLevel(max(level, logging.WARNING))  # until vLLM's own set-up replaces it
+    logging.getLogger("torch._library.triton").setLevel(max(level, logging.ERROR))
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                            category=FutureWarning)
 
 
 def _clean(value: Any) -> Any:

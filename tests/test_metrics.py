@@ -234,3 +234,31 @@ def test_a_missing_logger_package_names_the_setting(tmp_path, monkeypatch, logge
         MetricsSink(tmp_path, 3, show=False, loggers=["jsonl", logger])
     assert requirement in str(err.value)
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0}\n'  # failed before touching the run's file
+
+
+def test_a_cpu_runs_install_notices_are_not_printed_and_real_warnings_are(tmp_path):
+    """In a fresh interpreter, as a CLI starts: after setup_logging, importing vLLM (its INFO line that
+    Triton is missing), torch's custom-op warning of the same and the FutureWarning vLLM's module scan
+    raises print nothing; a vLLM WARNING, an agentrl INFO line and any other FutureWarning still do."""
+    import subprocess
+
+    code = (
+        "import logging, warnings\n"
+        "from agentrl.metrics import setup_logging\n"
+        "setup_logging()\n"
+        "from vllm.triton_utils import importing\n"
+        "import torch.distributed as dist\n"
+        "hasattr(dist.reduce_op, '__dict__')\n"
+        "logging.getLogger('torch._library.triton').warning('Triton not available, find_triton_kernels = []')\n"
+        "logging.getLogger('vllm.engine').warning('a real vLLM warning')\n"
+        "logging.getLogger('agentrl').info('an agentrl line')\n"
+        "warnings.warn('another deprecation', FutureWarning)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert [line[9:] for line in lines if line[:2].isdigit()] == [
+        "WARNING vllm.engine: a real vLLM warning", "INFO agentrl: an agentrl line"], proc.stderr
+    assert "Triton" not in proc.stderr and "reduce_op" not in proc.stderr, proc.stderr
+    assert "FutureWarning: another deprecation" in proc.stderr
+    assert proc.stdout == ""
