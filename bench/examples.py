@@ -86,7 +86,10 @@ def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -
 
 def run_pipeline(out: Path, env: dict[str, str]) -> tuple[float, float]:
     """The pipeline's own held-out eval (examples/pipeline/run.sh's eval stages): after SFT, after PPO."""
-    run_logged(["bash", "examples/pipeline/run.sh"], out.with_suffix(".log"), {**env, "OUT": str(out)})
+    # run.sh's stages on this interpreter, as the other examples run (its own default, .venv/bin/python,
+    # is missing in a git worktree of the repo).
+    run_logged(["bash", "examples/pipeline/run.sh"], out.with_suffix(".log"),
+               {"PYTHON": sys.executable, **env, "OUT": str(out)})
     before = json.loads((out / "eval_sft.json").read_text())["score"]
     after = json.loads((out / "eval_ppo.json").read_text())["score"]
     return before, after
