@@ -89,7 +89,7 @@ def run_pipeline(out: Path, env: dict[str, str]) -> tuple[float, float]:
     # run.sh's stages on this interpreter, as the other examples run (its own default, .venv/bin/python,
     # is missing in a git worktree of the repo).
     run_logged(["bash", "examples/pipeline/run.sh"], out.with_suffix(".log"),
-               {"PYTHON": sys.executable, **env, "OUT": str(out)})
+               {"PYTHON": sys.executable, **env, "OUT": str(out), "FRESH": "1"})  # no stage reused from an earlier bench
     before = json.loads((out / "eval_sft.json").read_text())["score"]
     after = json.loads((out / "eval_ppo.json").read_text())["score"]
     return before, after

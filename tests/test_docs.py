@@ -34,7 +34,9 @@ rewards.servers.tools, rewards.servers.verifier) with a `--port` flag is a serve
 
 Success: exit 0; a train run's `summary.json` and a `metrics.jsonl` of 2 lines; a stage run's
 `summary.json` with 2 steps; `agentrl.models prepare` prints one line, an existing folder, and nothing
-else on stdout; the pipeline's PPO stage trained 2 steps and it printed its summary.
+else on stdout; the pipeline's PPO stage trained 2 steps on the reward sources its REWARD names and it printed its
+summary, and a run.sh after another in the same block (`REWARD=rm bash ...`) reused the data, SFT and RM stages
+and left the first run's PPO in place.
 
 Started as: train and stage commands fork from tests/warm_python.py's warm interpreter, as the
 end-to-end tests' do (FORKED_KINDS: the argv bash would run), and so do run.sh's own stages (its
@@ -273,6 +275,8 @@ def run_plan(cmd: Command, plan, block: Block, env: dict) -> None:
         proc = warm_python.run(bash_argv(script, block.dir, env), cwd=block.dir, env=exported,
                                capture_output=True, text=True, timeout=TIMEOUT_S)
     elif plan.kind == "pipeline":  # run.sh's own `"$PYTHON" -m agentrl.<stage>` fork; its prepare stays cold
+        # A run.sh before it in the block, to the end, left its stages' stamps: this one must reuse them.
+        reuses = (block.dir / plan.out_dir / ".stages" / "rm").is_file()
         with warm_python.script_python(env, script_variables=tuple(plan.env), cold=COLD_MODULES) as python:
             proc = subprocess.run(["bash", "-c", script], cwd=block.dir, env={**env, **python}, capture_output=True,
                                   text=True, timeout=TIMEOUT_S)
@@ -303,9 +307,18 @@ def run_plan(cmd: Command, plan, block: Block, env: dict) -> None:
     elif plan.kind == "merge":
         assert (out / "config.json").is_file(), f"{where}: no merged model in {out}"
     elif plan.kind == "pipeline":
-        assert len(lines(out / "ppo" / "metrics.jsonl")) == STEPS
+        reward = plan.env.get("REWARD", "env+rm")
+        ppo = {"env+rm": "ppo", "rm": "ppo_rm"}[reward]
+        assert len(lines(out / ppo / "metrics.jsonl")) == STEPS
+        sources = json.loads((out / ppo / "summary.json").read_text())["config"]["rewards"]["sources"]
+        assert [s["name"] for s in sources] == reward.split("+"), f"{where}: trained on {sources}"
         assert json.loads((out / "sft" / "summary.json").read_text())["steps"] == STEPS
         assert "=== pipeline summary" in proc.stdout, proc.stdout[-3000:]
+        if reuses:  # the stages before PPO ran once, and the first run's PPO is still there
+            for stage in ("data", "sft", "eval_sft", "rm"):
+                assert f"=== {stage}: reused" in proc.stderr, f"{where}: {stage} ran again\n{proc.stderr[-3000:]}"
+            assert f"=== {ppo}: reused" not in proc.stderr
+            assert (out / "ppo" / "summary.json").is_file(), f"{where}: the first run's PPO is gone"
     else:
         raise AssertionError(plan.kind)
 

@@ -6,7 +6,9 @@
 #
 # Variables: OUT (runs/pipeline), RL_STEPS (300: 40 gave +0.03 held-out, 120 +0.08, 300 +0.25), SFT_STEPS (300), RM_STEPS (150), SAMPLES (4, the
 # held-out eval's samples per task), EVAL_TASKS (128, its tasks, and PPO's in-run evals'), REWARD (env+rm: the env's reward + 0.1 x the RM's score; rm: the RM's
-# score alone, which PPO learns to game), PYTHON (.venv/bin/python when there is one, else python).
+# score alone, which PPO learns to game; its run is $OUT/ppo_rm, beside the default's $OUT/ppo), PYTHON (.venv/bin/python when
+# there is one, else python), FRESH (1: run every stage again; by default a stage is reused when it and every stage before
+# it ran the same command in $OUT to the end, so `REWARD=rm bash run.sh` after a first run trains only the new PPO).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -21,16 +23,30 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python; fi
 fi
 export VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-ERROR}
-mkdir -p "$OUT"
+FRESH=${FRESH:-0}
+mkdir -p "$OUT/.stages"
 TIMES="$OUT/times.txt"
 : > "$TIMES"
 
-stage() {  # stage NAME COMMAND...: run it, record its wall time
+# stage NAME COMMAND...: run it and record its wall time. Its stamp, $OUT/.stages/NAME (the command, then the
+# seconds it took), is written only once it has finished, and a stage is reused (not run) when its stamp holds the
+# same command and no stage before it ran in this invocation (each stage reads the ones before: data -> sft -> rm ...).
+stage() {
   local name=$1; shift
+  local stamp="$OUT/.stages/$name" cmd
+  cmd=$(printf '%q ' "$@")
+  if [[ $FRESH != 1 && -f $stamp && "$(head -n 1 "$stamp")" == "$cmd" ]]; then
+    echo "$name $(tail -n 1 "$stamp")" >> "$TIMES"
+    echo "=== $name: reused (the same command ran to the end in $OUT; FRESH=1 runs it again)" >&2
+    return
+  fi
+  FRESH=1  # every later stage runs: its input may have changed
+  rm -f "$stamp"
   echo "=== $name: $*" >&2
   local t0=$SECONDS
   "$@"
   echo "$name $((SECONDS - t0))" >> "$TIMES"
+  printf '%s\n%s\n' "$cmd" "$((SECONDS - t0))" > "$stamp"
   echo "=== $name done in $((SECONDS - t0)) s" >&2
 }
 
@@ -53,37 +69,38 @@ stage rm "$PYTHON" -m agentrl.rm --model "$OUT/sft" --dataset "$OUT/data/pairs.j
   --scheduler cosine --min_lr_ratio 0.1 --eval_fraction 0.05 --eval_every 50
 
 # 3. PPO (GAE) from the SFT model: the reward model is a reward source and the critic starts from it.
+#    Each REWARD trains into its own folder (ppo, ppo_rm), so one run does not overwrite the other's.
 case "$REWARD" in
-  env+rm) SOURCES="[{name: env, type: env}, {name: rm, type: reward_model, weight: 0.1, reward_model: {path: $OUT/rm}}]" ;;
-  rm) SOURCES="[{name: rm, type: reward_model, reward_model: {path: $OUT/rm}}]" ;;
+  env+rm) PPO=ppo; SOURCES="[{name: env, type: env}, {name: rm, type: reward_model, weight: 0.1, reward_model: {path: $OUT/rm}}]" ;;
+  rm) PPO=ppo_rm; SOURCES="[{name: rm, type: reward_model, reward_model: {path: $OUT/rm}}]" ;;
   *) echo "REWARD must be env+rm or rm, got $REWARD" >&2; exit 2 ;;
 esac
-stage ppo "$PYTHON" -m agentrl.train --config examples/pipeline/ppo.yaml model.path="$OUT/sft" \
-  "rewards.sources=$SOURCES" train.steps="$RL_STEPS" train.out_dir="$OUT/ppo" data.eval_tasks="$EVAL_TASKS"
-stage eval_ppo "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/ppo/model" \
-  --samples "$SAMPLES" --json "$OUT/eval_ppo.json" data.eval_tasks="$EVAL_TASKS"
+stage "$PPO" "$PYTHON" -m agentrl.train --config examples/pipeline/ppo.yaml model.path="$OUT/sft" \
+  "rewards.sources=$SOURCES" train.steps="$RL_STEPS" train.out_dir="$OUT/$PPO" data.eval_tasks="$EVAL_TASKS"
+stage "eval_$PPO" "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/$PPO/model" \
+  --samples "$SAMPLES" --json "$OUT/eval_$PPO.json" data.eval_tasks="$EVAL_TASKS"
 
 # Summary: the env's held-out score (success within 4 guesses) before and after RL, and the times.
-"$PYTHON" - "$OUT" <<'EOF'
+"$PYTHON" - "$OUT" "$PPO" "$REWARD" <<'EOF'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, name, reward = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 times = dict(line.split() for line in (out / "times.txt").read_text().splitlines())
 sft = json.loads((out / "sft" / "summary.json").read_text())
 rm = json.loads((out / "rm" / "summary.json").read_text())
-ppo = json.loads((out / "ppo" / "summary.json").read_text())
+ppo = json.loads((out / name / "summary.json").read_text())
 ev = json.loads((out / "eval_sft.json").read_text())
 print("\n=== pipeline summary (held-out: %s tasks x %s samples, env reward) ===" % (ev["tasks"], ev["samples"]))
 print(f"SFT  {sft['steps']} steps, {times['sft']} s: held-out loss {sft['evals'][0]['eval/loss']:.3f} -> {sft['evals'][-1]['eval/loss']:.3f}")
 e = rm["evals"][-1]
 print(f"RM   {rm['steps']} steps, {times['rm']} s: held-out pair accuracy {e['eval/accuracy']:.3f}, margin {e['eval/margin']:.3f}")
 b, a = ppo["eval_before"], ppo["eval_after"]
-print(f"PPO  {ppo['config']['train']['steps']} steps, {times['ppo']} s ({ppo['train']['seconds']:.0f} s training): "
+print(f"PPO  ({reward}) {ppo['config']['train']['steps']} steps, {times[name]} s ({ppo['train']['seconds']:.0f} s training): "
       f"in-run held-out (1 sample/task) reward {b['score']:.3f} -> {a['score']:.3f}, "
       f"env success {b['success_rate']:.3f} -> {a['success_rate']:.3f}")
-for name in ("sft", "ppo"):
-    r = json.loads((out / f"eval_{name}.json").read_text())
+for stage in ("sft", name):
+    r = json.loads((out / f"eval_{stage}.json").read_text())
     pk = "  ".join(f"pass@{k} {v:.3f}" for k, v in r["pass_at_k"].items())
-    print(f"eval {name:<4} score {r['score']:.3f}  success {r['success_rate']:.3f}  {pk}  ({times['eval_' + name]} s)")
+    print(f"eval {stage:<6} score {r['score']:.3f}  success {r['success_rate']:.3f}  {pk}  ({times['eval_' + stage]} s)")
 print("total " + str(sum(int(v) for v in times.values())) + " s")
 EOF
