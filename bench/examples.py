@@ -4,12 +4,15 @@ RL, and the minutes each took (model preparation included when the cache is cold
     python bench/examples.py                                  # all of them (about an hour on 2 cores)
     python bench/examples.py --only arithmetic,custom_env     # some
     python bench/examples.py --cache /tmp/cold                # from an empty AGENTRL_CACHE
+    python bench/examples.py --only reasoning_gym --seeds 0,1,2   # the spread over seeds (train.seed, engine.seed)
 
 Each run is a subprocess, `python -m agentrl.train --config examples/agents/<name>.yaml` (the tool
 examples with the reference tool server started first, as the README says), or `bash
 examples/pipeline/run.sh`; its summary.json gives the scores. The examples run one at a time: two at
 once on 2 cores would each take about twice as long. The table goes to stdout (markdown, for the
-README); progress and each run's log tail on failure go to stderr.
+README); progress and each run's log tail on failure go to stderr. With `--seeds`, each example runs once per
+seed with `train.seed=S engine.seed=S` (the learner's and the sampler's; the tasks and the held-out set stay
+the same), one row per run, then the range of the gains; the pipeline has no seed setting and runs once.
 """
 
 from __future__ import annotations
@@ -101,8 +104,10 @@ def main() -> None:
     ap.add_argument("--only", default="", help=f"comma-separated subset of {','.join(names)}")
     ap.add_argument("--out", default="runs/bench_examples", help="where the runs are written")
     ap.add_argument("--cache", default="", help="AGENTRL_CACHE for the runs (empty folder = cold cache)")
+    ap.add_argument("--seeds", default="", help="comma-separated seeds: each example once per seed")
     ap.add_argument("overrides", nargs="*", help="dotted overrides passed to every agentrl.train run")
     args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",") if x] or [None]
     chosen = [n for n in (args.only.split(",") if args.only else names) if n]
     unknown = sorted(set(chosen) - set(names))
     if unknown:
@@ -112,28 +117,35 @@ def main() -> None:
         env["AGENTRL_CACHE"] = str(Path(args.cache).resolve())
     out_root = Path(args.out).resolve()
     out_root.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for name in chosen:
-        out = out_root / name
-        progress(f"{name}: running (log {out.with_suffix('.log')})")
+    rows, gains = [], {}
+    for name, seed in [(n, s) for n in chosen for s in ([None] if n == PIPELINE else seeds)]:
+        label = name if seed is None else f"{name} seed {seed}"
+        out = out_root / (name if seed is None else f"{name}-seed{seed}")
+        progress(f"{label}: running (log {out.with_suffix('.log')})")
         t0 = time.perf_counter()
         try:
             if name == PIPELINE:
                 before, after = run_pipeline(out, env)
             else:
                 ex = next(e for e in EXAMPLES if e.name == name)
-                before, after = run_example(ex, out, env, args.overrides)
+                seeded = [] if seed is None else [f"train.seed={seed}", f"engine.seed={seed}"]
+                before, after = run_example(ex, out, env, [*args.overrides, *seeded])
             minutes = (time.perf_counter() - t0) / 60
-            rows.append((name, f"{before:.3f}", f"{after:.3f}", f"{after - before:+.3f}", f"{minutes:.1f}"))
-            progress(f"{name}: {before:.3f} -> {after:.3f} in {minutes:.1f} min")
+            rows.append((label, f"{before:.3f}", f"{after:.3f}", f"{after - before:+.3f}", f"{minutes:.1f}"))
+            gains.setdefault(name, []).append(after - before)
+            progress(f"{label}: {before:.3f} -> {after:.3f} in {minutes:.1f} min")
         except Exception as exc:  # one failing example does not hide the others' numbers
             minutes = (time.perf_counter() - t0) / 60
-            rows.append((name, "failed", "failed", "", f"{minutes:.1f}"))
-            progress(f"{name}: FAILED: {exc}")
+            rows.append((label, "failed", "failed", "", f"{minutes:.1f}"))
+            progress(f"{label}: FAILED: {exc}")
     print("| example | held-out before | after | gain | minutes |")
     print("|---|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
+    if len(seeds) > 1:
+        print()
+        for name, g in gains.items():
+            print(f"{name}: gain {min(g):+.3f} to {max(g):+.3f} over {len(g)} finished run(s)")
 
 
 if __name__ == "__main__":
