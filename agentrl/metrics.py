@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -59,11 +61,15 @@ def quiet_cpu_install_notices(level: int) -> None:
     own logging, VLLM_LOGGING_LEVEL included, is set up only when an engine starts), and torch warns once
     per custom op registered. vLLM's scan of every module's attributes reads the deprecated
     `torch.distributed.reduce_op`, which raises torch's FutureWarning, twice a process. Forked processes
-    (the engine cores) inherit these settings."""
+    inherit these settings; a new interpreter (the engine cores' fork server, agentrl.rollout.core_process,
+    and whatever vLLM spawns) gets the warning filter through PYTHONWARNINGS, read at its start."""
     logging.getLogger("vllm").setLevel(max(level, logging.WARNING))  # until vLLM's own set-up replaces it
     logging.getLogger("torch._library.triton").setLevel(max(level, logging.ERROR))
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
-                            category=FutureWarning)
+    message = "`torch.distributed.reduce_op` is deprecated"  # the start of the message; no ',' nor ':'
+    warnings.filterwarnings("ignore", message=re.escape(message), category=FutureWarning)
+    spec = f"ignore:{message}:FutureWarning"
+    if spec not in os.environ.get("PYTHONWARNINGS", "").split(","):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"), spec]))
 
 
 def _clean(value: Any) -> Any:

@@ -239,16 +239,18 @@ def test_a_missing_logger_package_names_the_setting(tmp_path, monkeypatch, logge
 def test_a_cpu_runs_install_notices_are_not_printed_and_real_warnings_are(tmp_path):
     """In a fresh interpreter, as a CLI starts: after setup_logging, importing vLLM (its INFO line that
     Triton is missing), torch's custom-op warning of the same and the FutureWarning vLLM's module scan
-    raises print nothing; a vLLM WARNING, an agentrl INFO line and any other FutureWarning still do."""
+    raises print nothing, nor that FutureWarning in a new interpreter it starts (as the engine cores' fork
+    server starts); a vLLM WARNING, an agentrl INFO line and any other FutureWarning still do."""
     import subprocess
 
+    scan = "import torch.distributed as dist\nhasattr(dist.reduce_op, '__dict__')\n"
     code = (
-        "import logging, warnings\n"
+        "import logging, subprocess, sys, warnings\n"
         "from agentrl.metrics import setup_logging\n"
         "setup_logging()\n"
         "from vllm.triton_utils import importing\n"
-        "import torch.distributed as dist\n"
-        "hasattr(dist.reduce_op, '__dict__')\n"
+        f"{scan}"
+        f"subprocess.run([sys.executable, '-c', {scan!r}], check=True)\n"
         "logging.getLogger('torch._library.triton').warning('Triton not available, find_triton_kernels = []')\n"
         "logging.getLogger('vllm.engine').warning('a real vLLM warning')\n"
         "logging.getLogger('agentrl').info('an agentrl line')\n"
@@ -262,3 +264,4 @@ def test_a_cpu_runs_install_notices_are_not_printed_and_real_warnings_are(tmp_pa
     assert "Triton" not in proc.stderr and "reduce_op" not in proc.stderr, proc.stderr
     assert "FutureWarning: another deprecation" in proc.stderr
     assert proc.stdout == ""
+    assert proc.stderr.count("FutureWarning") == 1
