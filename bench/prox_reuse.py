@@ -6,8 +6,8 @@ behaviour logprobs), taking pi_prox from its training pass against a no-grad for
     python bench/prox_reuse.py [--model smollm2-135m-instruct] [--batch 16] [--seq 384] [--steps 3] [--kl loss]
     python bench/prox_reuse.py --model default --batch 64 --seq 96 --steps 5 --kl reward   # the pipeline's shape
 
-Both sides: the same model, reference, batch shape (the reasoning_gym example's: 16 episodes of up to
-about 380 tokens), lr, thread count; steps alternate between them (1 warm-up each, then `--steps` timed),
+Both sides: the same model, reference, batch shape (the reasoning_gym example's when this was measured: 16
+episodes of up to about 380 tokens), lr, thread count; steps alternate between them (1 warm-up each, then `--steps` timed),
 so load from other jobs lands on both; medians are reported. The sides train the same steps (their
 loss and KL metric agree to 1e-5: tests/test_learner_ppo.py), so the ratio is the forward pass saved.
 """
