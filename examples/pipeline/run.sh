@@ -8,7 +8,7 @@
 # held-out eval's samples per task), EVAL_TASKS (128, its tasks, and PPO's in-run evals'), REWARD (env+rm: the env's reward + 0.1 x the RM's score; rm: the RM's
 # score alone, which PPO learns to game; its run is $OUT/ppo_rm, beside the default's $OUT/ppo), PYTHON (.venv/bin/python when
 # there is one, else python), FRESH (1: run every stage again; by default a stage is reused when it and every stage before
-# it ran the same command in $OUT to the end, so `REWARD=rm bash run.sh` after a first run trains only the new PPO).
+# it ran the same command on the same files in $OUT to the end (stages.sh), so `REWARD=rm bash run.sh` after a first run trains only the new PPO).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -28,43 +28,23 @@ mkdir -p "$OUT/.stages"
 TIMES="$OUT/times.txt"
 : > "$TIMES"
 
-# stage NAME COMMAND...: run it and record its wall time. Its stamp, $OUT/.stages/NAME (the command, then the
-# seconds it took), is written only once it has finished, and a stage is reused (not run) when its stamp holds the
-# same command and no stage before it ran in this invocation (each stage reads the ones before: data -> sft -> rm ...).
-stage() {
-  local name=$1; shift
-  local stamp="$OUT/.stages/$name" cmd
-  cmd=$(printf '%q ' "$@")
-  if [[ $FRESH != 1 && -f $stamp && "$(head -n 1 "$stamp")" == "$cmd" ]]; then
-    echo "$name $(tail -n 1 "$stamp")" >> "$TIMES"
-    echo "=== $name: reused (the same command ran to the end in $OUT; FRESH=1 runs it again)" >&2
-    return
-  fi
-  FRESH=1  # every later stage runs: its input may have changed
-  rm -f "$stamp"
-  echo "=== $name: $*" >&2
-  local t0=$SECONDS
-  "$@"
-  echo "$name $((SECONDS - t0))" >> "$TIMES"
-  printf '%s\n%s\n' "$cmd" "$((SECONDS - t0))" > "$stamp"
-  echo "=== $name done in $((SECONDS - t0)) s" >&2
-}
+source examples/pipeline/stages.sh  # stage NAME OUTPUT COMMAND...: run it, or reuse it when it already ran
 
 # 0. datasets (demos.jsonl, pairs.jsonl, ...) and the untrained default model (tokenizer + random weights)
-stage data "$PYTHON" examples/pipeline/make_data.py --out "$OUT/data"
+stage data "$OUT/data" "$PYTHON" examples/pipeline/make_data.py --out "$OUT/data"
 BASE=$("$PYTHON" -m agentrl.models prepare default --sft-steps 0)  # prints the folder only (logs: stderr)
 echo "untrained default model: $BASE" >&2
 
 # 1. SFT on the teacher's demonstrations: the settings of the default model's own warm start
 #    (300 steps of 64, lr 2e-3, 30 warmup steps, cosine to 0), 2 % of the rows held out for the eval loss.
-stage sft "$PYTHON" -m agentrl.sft --model "$BASE" --dataset "$OUT/data/demos.jsonl" --messages_key messages \
+stage sft "$OUT/sft" "$PYTHON" -m agentrl.sft --model "$BASE" --dataset "$OUT/data/demos.jsonl" --messages_key messages \
   --out "$OUT/sft" --max_steps "$SFT_STEPS" --epochs 10 --batch_size 64 --micro_batch_size 64 --lr 2e-3 \
   --warmup_steps $((SFT_STEPS / 10)) --scheduler cosine --min_lr_ratio 0 --eval_fraction 0.02
-stage eval_sft "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/sft" \
+stage eval_sft "$OUT/eval_sft.json" "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/sft" \
   --samples "$SAMPLES" --json "$OUT/eval_sft.json" data.eval_tasks="$EVAL_TASKS"
 
 # 2. Reward model from the SFT model on the preference pairs (Bradley-Terry; 5 % held out).
-stage rm "$PYTHON" -m agentrl.rm --model "$OUT/sft" --dataset "$OUT/data/pairs.jsonl" --out "$OUT/rm" \
+stage rm "$OUT/rm" "$PYTHON" -m agentrl.rm --model "$OUT/sft" --dataset "$OUT/data/pairs.jsonl" --out "$OUT/rm" \
   --max_steps "$RM_STEPS" --epochs 10 --batch_size 32 --micro_batch_size 32 --lr 1e-3 --warmup_steps 15 \
   --scheduler cosine --min_lr_ratio 0.1 --eval_fraction 0.05 --eval_every 50
 
@@ -75,9 +55,9 @@ case "$REWARD" in
   rm) PPO=ppo_rm; SOURCES="[{name: rm, type: reward_model, reward_model: {path: $OUT/rm}}]" ;;
   *) echo "REWARD must be env+rm or rm, got $REWARD" >&2; exit 2 ;;
 esac
-stage "$PPO" "$PYTHON" -m agentrl.train --config examples/pipeline/ppo.yaml model.path="$OUT/sft" \
+stage "$PPO" "$OUT/$PPO" "$PYTHON" -m agentrl.train --config examples/pipeline/ppo.yaml model.path="$OUT/sft" \
   "rewards.sources=$SOURCES" train.steps="$RL_STEPS" train.out_dir="$OUT/$PPO" data.eval_tasks="$EVAL_TASKS"
-stage "eval_$PPO" "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/$PPO/model" \
+stage "eval_$PPO" "$OUT/eval_$PPO.json" "$PYTHON" -m agentrl.eval --config examples/agents/guess_number.yaml --model "$OUT/$PPO/model" \
   --samples "$SAMPLES" --json "$OUT/eval_$PPO.json" data.eval_tasks="$EVAL_TASKS"
 
 # Summary: the env's held-out score (success within 4 guesses) before and after RL, and the times.
