@@ -29,6 +29,23 @@ WHAT_TO_DO = ("give the model tasks it sometimes solves: warm-start it on the ta
               "python -m agentrl.check shows what the model sees and how it is scored")
 
 
+class NoLearningSignal(RuntimeError):
+    """dynamic_filter dropped every group for `filter_streak_limit` groups in a row: no batch can fill."""
+
+
+def filter_streak_limit(groups_per_batch: int) -> int:
+    """Groups dynamic_filter may drop in a row before the run ends: 16 batches' worth, and at least 256, so
+    that a task whose groups carry a signal one time in 20 still gets one through (0.95 ** 256 < 2e-6)."""
+    return max(256, 16 * groups_per_batch)
+
+
+def filter_streak_cause(dropped: int, rewards: set[float]) -> str:
+    """What a streak of groups dropped by dynamic_filter means; `rewards`: the rewards those groups got."""
+    seen = ", ".join(f"{r:g}" for r in sorted(rewards)[:8]) + (", ..." if len(rewards) > 8 else "")
+    return (f"no learning signal: algo.dynamic_filter dropped the last {dropped} groups in a row, each for "
+            f"giving every sample the same reward (rewards seen: {seen}), so no batch could be filled")
+
+
 @dataclass(frozen=True)
 class StepSignal:
     """What one learner batch offers to learn from."""

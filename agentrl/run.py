@@ -30,7 +30,7 @@ from agentrl.buffer import BatchAssembly, StalenessBuffer
 from agentrl.checkpoint import CheckpointStore, RunState, capture, load_run_state, restore, save_run_state
 from agentrl.config import Config
 from agentrl.data import TaskStream
-from agentrl.learning_signal import SignalWatch, signal_metrics, step_signal
+from agentrl.learning_signal import SignalWatch, filter_streak_limit, signal_metrics, step_signal
 from agentrl.metrics import MetricsSink
 from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes, unless_failed
 from agentrl.startup import (Prepared, load_model_format, start_agent_server, start_workers, stop_agent_server,
@@ -131,7 +131,8 @@ class RLRun:
                                       engine_version=self.fleet.version, versions_per_batch=cfg.learner.mini_batches)
         self.fleet.on_version = self.buffer.set_engine_version  # the oldest version any engine serves
         self.producer = Producer(self.buffer, self.pool, self.stream.__getitem__, cfg.rollout.n_samples,
-                                 cfg.algo.dynamic_filter)
+                                 cfg.algo.dynamic_filter,
+                                 filter_streak_limit(cfg.buffer.batch_size // cfg.rollout.n_samples))
         if prep.resume is not None:
             await self.load_checkpoint(prep.resume)
 
@@ -237,7 +238,8 @@ class RLRun:
         try:
             for step in range(self.step, cfg.train.steps):
                 waited_from = time.perf_counter()
-                assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed)
+                assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed,
+                                               self.producer.failed)
                 batch_wait_s = time.perf_counter() - waited_from  # the learner idle, waiting for episodes
                 # Advantages are left to the learner, which holds the critic and reference.
                 batch = TrainBatch.from_episodes(assembly.episodes, None, pad_id)

@@ -33,9 +33,10 @@ def _run_errors() -> tuple[type[Exception], ...]:
     from agentrl.rollout.fleet import FleetFailed
 
     from agentrl.learner.ray_ranks import LearnerRankDied
+    from agentrl.learning_signal import NoLearningSignal
     from agentrl.rollout.failures import EpisodesFailing
 
-    return ClusterError, FleetFailed, LearnerRankDied, EpisodesFailing
+    return ClusterError, FleetFailed, LearnerRankDied, EpisodesFailing, NoLearningSignal
 
 
 async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:

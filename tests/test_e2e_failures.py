@@ -1,6 +1,7 @@
 """A new user's env bug through the real CLI (`python -m agentrl.train`, vLLM, DeepSpeed): a `reset`
 that raises on every task ends the run by itself, with exit 1 and the user's file, line and task; the
-same bug on ~30 % of episodes is counted and trained through. Fixture env: tests/fixtures/flaky_env.py."""
+same bug on ~30 % of episodes is counted and trained through; dynamic_filter on a reward that never varies
+ends the run saying so. Fixture env: tests/fixtures/flaky_env.py."""
 
 from __future__ import annotations
 
@@ -69,3 +70,19 @@ def test_a_30_percent_transient_failure_rate_trains_to_the_end_with_failures_cou
     failure_lines = [line for line in proc.stderr.splitlines() if "ended with env_error" in line]
     assert 1 <= len(failure_lines) <= 1 + 6 + 2, failure_lines
     assert all(re.search(r"episode (\d+\.\d+|eval \d+) \(task (train|eval)-\d+\)", line) for line in failure_lines)
+
+
+def test_dynamic_filter_on_a_reward_that_never_varies_ends_the_run_saying_so(tmp_path, tiny_model):
+    """Every group is dropped for equal rewards, so no batch ever fills: without a bound the run would sample
+    forever. It warns at 64 dropped in a row and ends at 256 (agentrl.learning_signal.filter_streak_limit:
+    4 groups a batch here), exit 1, before any step."""
+    proc = train(tmp_path, tiny_model, 0.0, "train.steps=30", "train.eval_before=false", "env.kwargs.no_reward=true",
+                 "algo.dynamic_filter=true")
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    cause = ("no learning signal: algo.dynamic_filter dropped the last {} groups in a row, each for giving every "
+             "sample the same reward (rewards seen: 0), so no batch could be filled")
+    assert f"run failed: NoLearningSignal: {cause.format(256)}. What to do: {WHAT_TO_DO}" in proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "sampling goes on" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        f"{cause.format(64)}; sampling goes on, and the run ends if 256 in a row are dropped")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()

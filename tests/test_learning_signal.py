@@ -1,10 +1,15 @@
-"""The no-learning-signal warning (agentrl.learning_signal) on hand-built batches."""
+"""The no-learning-signal warning (agentrl.learning_signal) on hand-built batches, and the end of a run whose
+dynamic_filter drops every group (the producer on a scripted pool)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import pytest
 
-from agentrl.learning_signal import WHAT_TO_DO, SignalWatch, StepSignal, step_signal
+from agentrl.learning_signal import (WHAT_TO_DO, NoLearningSignal, SignalWatch, StepSignal, filter_streak_limit,
+                                     step_signal)
 from agentrl.types import Episode, Group
 
 
@@ -67,3 +72,55 @@ def test_equal_groups_say_nothing_to_an_estimator_without_a_group_baseline():
     watch = SignalWatch("gae")  # the critic's baseline still gives advantages when groups are equal
     equal = StepSignal(groups=10, equal_groups=10, reward_min=0.0, reward_max=1.0)
     assert [watch.observe(s, equal) for s in range(10)] == [None] * 10
+
+
+class ScriptedPool:
+    """Each group's rewards from a script by position (a unit test of the producer alone)."""
+
+    def __init__(self, rewards_at) -> None:
+        self.rewards_at = rewards_at
+
+    async def group(self, task, group_id, n, issued_version=0):
+        await asyncio.sleep(0)
+        return group(group_id, self.rewards_at(group_id))
+
+
+def test_dynamic_filter_ends_with_no_learning_signal_after_its_limit_of_dropped_groups_in_a_row(caplog):
+    """Every group all 0 or all 1: the producer warns once at a quarter of the limit, then `failed` gets
+    NoLearningSignal at exactly the limit, and the run's wait for a batch raises it; a kept group resets
+    the streak."""
+    from agentrl.buffer import StalenessBuffer
+    from agentrl.rollout.pool import Producer, unless_failed
+
+    async def scenario(rewards_at, limit):
+        buffer = StalenessBuffer(batch_size=4, group_size=2, max_staleness=1)
+        producer = Producer(buffer, ScriptedPool(rewards_at), lambda p: {"id": f"t{p}"}, 2, True, limit)
+        task = asyncio.create_task(producer.run())
+        try:
+            batch = await asyncio.wait_for(unless_failed(buffer.get_batch(0), producer.failed), 10)
+            return producer, batch
+        except NoLearningSignal as exc:
+            return producer, exc
+        finally:
+            await producer.stop()
+            task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="agentrl"):
+        producer, exc = asyncio.run(scenario(lambda p: [float(p % 2)] * 2, 12))
+    assert isinstance(exc, NoLearningSignal) and producer.filtered_in_a_row >= 12  # sampling goes on until stopped
+    assert str(exc) == ("no learning signal: algo.dynamic_filter dropped the last 12 groups in a row, each for "
+                        f"giving every sample the same reward (rewards seen: 0, 1), so no batch could be filled. "
+                        f"What to do: {WHAT_TO_DO}")
+    warnings = [r.getMessage() for r in caplog.records if "dynamic_filter" in r.getMessage()]
+    assert warnings == ["no learning signal: algo.dynamic_filter dropped the last 3 groups in a row, each for giving "
+                        "every sample the same reward (rewards seen: 0, 1), so no batch could be filled; sampling "
+                        "goes on, and the run ends if 12 in a row are dropped"]
+
+    # Groups 10 and 21 carry a signal: the streaks are 10 and 10, under the limit; the batch fills.
+    producer, batch = asyncio.run(scenario(lambda p: [0.0, 1.0] if p in (10, 21) else [0.0, 0.0], 12))
+    assert [g.group_id for g in batch.groups] == [10, 21] and producer.groups_filtered >= 20
+    assert not producer.failed.done()
+
+
+def test_filter_streak_limit_is_16_batches_and_at_least_256():
+    assert filter_streak_limit(4) == 256 and filter_streak_limit(16) == 256 and filter_streak_limit(64) == 1024

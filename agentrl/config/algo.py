@@ -209,7 +209,9 @@ class AlgoConfig(_Base):
     reward_clip: float | None = Field(None, gt=0, description="clamp episode rewards to [-c, c] (None = off)")
     reward_norm: bool = Field(False, description="divide rewards by a running std over all batches, mean removed")
     dynamic_filter: bool = Field(False, description="drop groups whose rewards are all equal and sample more "
-                                                    "until the batch is full (DAPO); the drop rate is a metric")
+                                                    "until the batch is full (DAPO); the drop rate is a metric; the "
+                                                    "run ends (NoLearningSignal) after max(256, 16 x groups a "
+                                                    "batch) dropped in a row")
 
     @model_validator(mode="before")
     @classmethod

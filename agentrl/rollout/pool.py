@@ -20,6 +20,7 @@ import torch
 from agentrl import faults
 from agentrl.algo import informative_groups
 from agentrl.buffer import BufferClosed, StalenessBuffer
+from agentrl.learning_signal import WHAT_TO_DO, NoLearningSignal, filter_streak_cause
 from agentrl.rollout.episode_base import EpisodeSpec, GenerateFn
 from agentrl.rollout.failures import FailureWatch
 from agentrl.rollout.runner import episode_runner
@@ -169,12 +170,17 @@ class Producer:
     position: trained, dropped (with its reason), finished and waiting, or in flight."""
 
     def __init__(self, buffer: StalenessBuffer, pool: RolloutPool, tasks: Callable[[int], dict], n: int,
-                 dynamic_filter: bool = False) -> None:
+                 dynamic_filter: bool = False, filter_limit: int = 0) -> None:
         """`tasks`: position -> task (`agentrl.data.TaskStream`). `dynamic_filter`: groups whose
         trainable episodes all got the same reward carry no group-relative signal; they give their
-        slot back and another group is sampled (DAPO)."""
+        slot back and another group is sampled (DAPO). `filter_limit` (0: none): after that many dropped
+        in a row, with none kept, `failed` gets NoLearningSignal (sampling on would never fill a batch);
+        a warning comes at a quarter of it."""
         self.buffer, self.pool, self.tasks, self.n = buffer, pool, tasks, n
-        self.dynamic_filter = dynamic_filter
+        self.dynamic_filter, self.filter_limit = dynamic_filter, filter_limit
+        self.filtered_in_a_row = 0
+        self._streak_rewards: set[float] = set()
+        self._failed: asyncio.Future | None = None
         self.cursor = 0  # the next new stream position (load_state_dict: a checkpoint's)
         self._reissue: deque[int] = deque()  # set by load_state_dict
         self.groups_finished = self.groups_filtered = 0
@@ -207,9 +213,32 @@ class Producer:
             self.groups_filtered += 1
             self.buffer.release()
             self._outcomes.append((position, "filtered"))
+            self._count_filtered(group)
             return
         if not self.buffer.put(group):
             self._outcomes.append((position, "failed"))
+        elif self.filtered_in_a_row:
+            self.filtered_in_a_row = 0
+            self._streak_rewards.clear()
+
+    @property
+    def failed(self) -> asyncio.Future:
+        """Gets NoLearningSignal once dynamic_filter's streak reaches `filter_limit` (made on first use)."""
+        if self._failed is None:
+            self._failed = asyncio.get_running_loop().create_future()
+        return self._failed
+
+    def _count_filtered(self, group: Group) -> None:
+        self.filtered_in_a_row += 1
+        self._streak_rewards.update(e.reward for e in group.episodes if e.trainable)
+        if not self.filter_limit:
+            return
+        cause = filter_streak_cause(self.filtered_in_a_row, self._streak_rewards)
+        if self.filtered_in_a_row == max(self.filter_limit // 4, 1) < self.filter_limit:
+            log.warning("%s; sampling goes on, and the run ends if %d in a row are dropped", cause, self.filter_limit)
+        if self.filtered_in_a_row >= self.filter_limit and not self.failed.done():
+            self.failed.set_exception(NoLearningSignal(f"{cause}. What to do: {WHAT_TO_DO}"))
+            self.failed.exception()  # read once: asyncio must not log it as never retrieved when no one waits
 
     def in_flight(self) -> list[int]:
         """Positions of the groups running now (admitted, not finished), re-issues not yet started
