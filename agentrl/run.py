@@ -239,7 +239,7 @@ class RLRun:
             for step in range(self.step, cfg.train.steps):
                 waited_from = time.perf_counter()
                 assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed,
-                                               self.producer.failed)
+                                               producer.failed)
                 batch_wait_s = time.perf_counter() - waited_from  # the learner idle, waiting for episodes
                 # Advantages are left to the learner, which holds the critic and reference.
                 batch = TrainBatch.from_episodes(assembly.episodes, None, pad_id)
