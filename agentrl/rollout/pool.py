@@ -233,10 +233,12 @@ class Producer:
         self._streak_rewards.update(e.reward for e in group.episodes if e.trainable)
         if not self.filter_limit:
             return
-        cause = filter_streak_cause(self.filtered_in_a_row, self._streak_rewards)
+        # The message is built only when said: this runs once per dropped group.
         if self.filtered_in_a_row == max(self.filter_limit // 4, 1) < self.filter_limit:
-            log.warning("%s; sampling goes on, and the run ends if %d in a row are dropped", cause, self.filter_limit)
+            log.warning("%s; sampling goes on, and the run ends if %d in a row are dropped",
+                        filter_streak_cause(self.filtered_in_a_row, self._streak_rewards), self.filter_limit)
         if self.filtered_in_a_row >= self.filter_limit and not self.failed.done():
+            cause = filter_streak_cause(self.filtered_in_a_row, self._streak_rewards)
             self.failed.set_exception(NoLearningSignal(f"{cause}. What to do: {WHAT_TO_DO}"))
             self.failed.exception()  # read once: asyncio must not log it as never retrieved when no one waits
 
