@@ -32,7 +32,8 @@ from agentrl.config import Config
 from agentrl.data import TaskStream
 from agentrl.learning_signal import SignalWatch, filter_streak_limit, signal_metrics, step_signal
 from agentrl.metrics import MetricsSink
-from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes, unless_failed
+from agentrl.rollout.failing import unless_failed
+from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes
 from agentrl.startup import (Prepared, load_model_format, start_agent_server, start_workers, stop_agent_server,
                              stop_workers)
 from agentrl.types import TrainBatch

@@ -90,7 +90,8 @@ def test_dynamic_filter_ends_with_no_learning_signal_after_its_limit_of_dropped_
     NoLearningSignal at exactly the limit, and the run's wait for a batch raises it; a kept group resets
     the streak."""
     from agentrl.buffer import StalenessBuffer
-    from agentrl.rollout.pool import Producer, unless_failed
+    from agentrl.rollout.failing import unless_failed
+    from agentrl.rollout.pool import Producer
 
     async def scenario(rewards_at, limit):
         buffer = StalenessBuffer(batch_size=4, group_size=2, max_staleness=1)

@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Callable
 from agentrl.config import ClusterConfig, EngineConfig
 from agentrl.rollout.collective_load import load_into
 from agentrl.rollout.engine import Generation
+from agentrl.rollout.failing import FailOnce
 from agentrl.rollout.members import LocalMember, Member, RayMember
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class EngineFleet:
     def __init__(self, members: list[Member], max_restarts: int) -> None:
         self.members, self.max_restarts = members, max_restarts
         self.on_version: Callable[[int], None] | None = None  # told each new oldest-served version
-        self.failed: asyncio.Future | None = None
+        self._failed = FailOnce()
         self._version = 0
         self._latest: tuple[Any, int] | None = None  # the newest weights pushed: restarts load them
         self._healthy = asyncio.Event()
@@ -85,6 +86,11 @@ class EngineFleet:
         self._rotate = 0
         self.transport = "file"  # how weights reach the engines: "collective" once pick_transport joins them
         self.closers: list[Callable[[], None]] = []  # run at shutdown, after the engines stop (a weight hub)
+
+    @property
+    def failed(self) -> asyncio.Future:
+        """Gets FleetFailed once an engine has died more than `max_restarts` times."""
+        return self._failed.future
 
     @classmethod
     def local(cls, model_path: str, cfg: EngineConfig, eos_id: int, cluster: ClusterConfig) -> "EngineFleet":
@@ -124,7 +130,6 @@ class EngineFleet:
         return cls(members, cluster.max_engine_restarts)
 
     async def start(self) -> None:
-        self.failed = asyncio.get_running_loop().create_future()
         for m in self.members:
             if isinstance(m, LocalMember):
                 await m.start()  # vLLM's start blocks this loop; local engines start one after another
@@ -305,12 +310,10 @@ class EngineFleet:
 
     def _fail(self, message: str) -> None:
         log.error(message)
-        if self.failed is not None and not self.failed.done():
-            self.failed.set_exception(FleetFailed(message))
-            self.failed.exception()  # marks it retrieved: the run reads it through `_raise_if_failed`
+        self._failed.fail(FleetFailed(message))
 
     def _raise_if_failed(self) -> None:
-        if self.failed is not None and self.failed.done():
+        if self.failed.done():
             raise self.failed.exception()
 
     async def wait_restarts(self) -> None:

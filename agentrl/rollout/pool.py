@@ -23,6 +23,7 @@ from agentrl.buffer import BufferClosed, StalenessBuffer
 from agentrl.learning_signal import WHAT_TO_DO, NoLearningSignal, filter_streak_cause
 from agentrl.rollout.episode_base import EpisodeSpec, GenerateFn
 from agentrl.rollout.failures import FailureWatch
+from agentrl.rollout.failing import FailOnce, unless_failed
 from agentrl.rollout.runner import episode_runner
 from agentrl.rollout.tool_counts import ToolCallStats
 from agentrl.types import TRAINABLE_STATUSES, Episode, Group
@@ -53,7 +54,7 @@ class RolloutPool:
         self.tool_stats = ToolCallStats()  # tool_calls, tool_parse_errors, turns, episodes_without_tool_call
         self.started = time.perf_counter()
         self.failures = FailureWatch.for_rollout(spec.cfg.fail_after, spec.cfg.max_concurrency)
-        self._failed: asyncio.Future | None = None
+        self._failed = FailOnce()
 
     def state_dict(self) -> dict[str, Any]:
         """The counters a resumed run continues (copies: the pool goes on counting)."""
@@ -77,10 +78,8 @@ class RolloutPool:
 
     @property
     def failed(self) -> asyncio.Future:
-        """Gets `EpisodesFailing` once failures persist (made on first use, on the running loop)."""
-        if self._failed is None:
-            self._failed = asyncio.get_running_loop().create_future()
-        return self._failed
+        """Gets `EpisodesFailing` once failures persist."""
+        return self._failed.future
 
     async def episode(self, task: dict[str, Any], group_id: int, seed: int | None = None,
                       sample: int = 0) -> Episode:
@@ -101,9 +100,8 @@ class RolloutPool:
         self.generated_tokens += ep.n_generated
         self.tool_stats.add_episode(ep)
         self.failures.record(ep)
-        if self.failures.tripped is not None and not self.failed.done():
-            self.failed.set_exception(self.failures.tripped)
-            self.failed.exception()  # read once: asyncio must not log it as never retrieved when no one waits
+        if self.failures.tripped is not None:
+            self._failed.fail(self.failures.tripped)
         return ep
 
     async def group(self, task: dict[str, Any], group_id: int, n: int, issued_version: int = 0) -> Group:
@@ -125,18 +123,6 @@ class RolloutPool:
             self.failures.flush("evaluation")
         self.failures.check_evaluation(episodes)
         return episodes
-
-
-async def unless_failed(coro, *failed: asyncio.Future):
-    """Await `coro`, unless one of the `failed` futures (a fleet's, a pool's) gets an exception
-    first: then raise it, cancelling `coro`."""
-    task = asyncio.ensure_future(coro)
-    await asyncio.wait([task, *failed], return_when=asyncio.FIRST_COMPLETED)
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise next(f for f in failed if f.done()).exception()
-    return task.result()
 
 
 @dataclass
@@ -180,7 +166,7 @@ class Producer:
         self.dynamic_filter, self.filter_limit = dynamic_filter, filter_limit
         self.filtered_in_a_row = 0
         self._streak_rewards: set[float] = set()
-        self._failed: asyncio.Future | None = None
+        self._failed = FailOnce()
         self.cursor = 0  # the next new stream position (load_state_dict: a checkpoint's)
         self._reissue: deque[int] = deque()  # set by load_state_dict
         self.groups_finished = self.groups_filtered = 0
@@ -223,10 +209,8 @@ class Producer:
 
     @property
     def failed(self) -> asyncio.Future:
-        """Gets NoLearningSignal once dynamic_filter's streak reaches `filter_limit` (made on first use)."""
-        if self._failed is None:
-            self._failed = asyncio.get_running_loop().create_future()
-        return self._failed
+        """Gets NoLearningSignal once dynamic_filter's streak reaches `filter_limit`."""
+        return self._failed.future
 
     def _count_filtered(self, group: Group) -> None:
         self.filtered_in_a_row += 1
@@ -239,8 +223,7 @@ class Producer:
                         filter_streak_cause(self.filtered_in_a_row, self._streak_rewards), self.filter_limit)
         if self.filtered_in_a_row >= self.filter_limit and not self.failed.done():
             cause = filter_streak_cause(self.filtered_in_a_row, self._streak_rewards)
-            self.failed.set_exception(NoLearningSignal(f"{cause}. What to do: {WHAT_TO_DO}"))
-            self.failed.exception()  # read once: asyncio must not log it as never retrieved when no one waits
+            self._failed.fail(NoLearningSignal(f"{cause}. What to do: {WHAT_TO_DO}"))
 
     def in_flight(self) -> list[int]:
         """Positions of the groups running now (admitted, not finished), re-issues not yet started
