@@ -1,7 +1,7 @@
 """examples/pipeline/stages.sh, the reuse rule of run.sh's stages, on real files with real bash: a stage runs
-again when its command, a file its command names, or its output changed, or a stage before it ran; never
-when it only ran before. Each stage here is `bash step.sh NAME OUTPUT [INPUT]`, which records that it ran
-and writes OUTPUT."""
+again when its command, a file its command names, the code under CODE_KEY's folders, or its output
+changed, or a stage before it ran; never when it only ran before. Each stage here is `bash step.sh NAME
+OUTPUT [INPUT]`, which records that it ran and writes OUTPUT."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ if [[ $2 == *.json ]]; then echo '{}' > "$2"; else mkdir -p "$2"; fi
 # Three stages as run.sh chains them: b reads a file it names (input.txt) and writes a file it names (b.json).
 PIPELINE = """set -euo pipefail
 source {stages}
+CODE_KEY=$(code_key {code})
 mkdir -p "$OUT/.stages"
 TIMES="$OUT/times.txt"
 : > "$TIMES"
@@ -31,7 +32,7 @@ def run(tmp: Path, **env: str) -> tuple[list[str], subprocess.CompletedProcess]:
     """Run the three-stage pipeline once in `tmp`; the stages that ran, in order, and the process."""
     out = tmp / "out"
     (out / "ran").unlink(missing_ok=True)
-    script = PIPELINE.format(stages=STAGES_SH, step=tmp / "step.sh", input=tmp / "input.txt")
+    script = PIPELINE.format(stages=STAGES_SH, step=tmp / "step.sh", input=tmp / "input.txt", code=tmp / "pkg")
     proc = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin", "OUT": str(out), "FRESH": "0", **env},
                           capture_output=True, text=True, timeout=60)
     ran = (out / "ran").read_text().split() if (out / "ran").exists() else []
@@ -41,6 +42,8 @@ def run(tmp: Path, **env: str) -> tuple[list[str], subprocess.CompletedProcess]:
 def fresh_dir(tmp_path: Path) -> Path:
     (tmp_path / "step.sh").write_text(STEP)
     (tmp_path / "input.txt").write_text("1\n")
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "mod.py").write_text("X = 1\n")
     ran, proc = run(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert ran == ["a", "b", "c"]
@@ -69,6 +72,18 @@ def test_an_edited_script_named_by_the_command_runs_every_stage_that_names_it(tm
     fresh_dir(tmp_path)
     (tmp_path / "step.sh").write_text(STEP + "# edited\n")
     assert run(tmp_path)[0] == ["a", "b", "c"]
+
+
+def test_an_edited_or_added_module_under_the_code_folders_runs_every_stage(tmp_path):
+    """Code the commands import without naming it (run.sh: agentrl, envs, rewards) is in every key."""
+    fresh_dir(tmp_path)
+    (tmp_path / "pkg" / "sub" / "mod.py").write_text("X = 2\n")
+    assert run(tmp_path)[0] == ["a", "b", "c"]
+    assert run(tmp_path)[0] == []
+    (tmp_path / "pkg" / "new.py").write_text("")
+    assert run(tmp_path)[0] == ["a", "b", "c"]
+    (tmp_path / "pkg" / "notes.txt").write_text("not code")
+    assert run(tmp_path)[0] == []
 
 
 def test_a_changed_command_runs_that_stage(tmp_path):

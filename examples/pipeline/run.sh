@@ -8,7 +8,7 @@
 # held-out eval's samples per task), EVAL_TASKS (128, its tasks, and PPO's in-run evals'), REWARD (env+rm: the env's reward + 0.1 x the RM's score; rm: the RM's
 # score alone, which PPO learns to game; its run is $OUT/ppo_rm, beside the default's $OUT/ppo), PYTHON (.venv/bin/python when
 # there is one, else python), FRESH (1: run every stage again; by default a stage is reused when it and every stage before
-# it ran the same command on the same files in $OUT to the end (stages.sh), so `REWARD=rm bash run.sh` after a first run trains only the new PPO).
+# it ran the same command on the same files and code in $OUT to the end (stages.sh), so `REWARD=rm bash run.sh` after a first run trains only the new PPO).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -29,6 +29,7 @@ TIMES="$OUT/times.txt"
 : > "$TIMES"
 
 source examples/pipeline/stages.sh  # stage NAME OUTPUT COMMAND...: run it, or reuse it when it already ran
+CODE_KEY=$(code_key agentrl envs rewards)  # the code every stage imports: edited, every stage runs again
 
 # 0. datasets (demos.jsonl, pairs.jsonl, ...) and the untrained default model (tokenizer + random weights)
 stage data "$OUT/data" "$PYTHON" examples/pipeline/make_data.py --out "$OUT/data"

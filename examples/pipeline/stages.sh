@@ -5,8 +5,14 @@
 # file or folder it writes) is still there, and no stage before it ran in this invocation: each stage reads
 # the ones before (data -> sft -> rm ...), so once one runs, every later one runs too. The key is the command
 # and a checksum of every file the command names (a script, a config, a dataset), so an edited input runs
-# its stage again; code a command imports without naming it (agentrl, the env) is not in the key.
+# its stage again, and CODE_KEY when it is set: run.sh sets it to `code_key agentrl envs rewards`, so an
+# edit to code the commands import without naming it (a git pull, a changed env) runs every stage again.
 # Each run appends "NAME SECONDS" to $TIMES.
+
+# code_key DIR...: one checksum of the path and content of every .py file under the folders.
+code_key() {
+  find "$@" -name '*.py' -type f -print0 | LC_ALL=C sort -z | xargs -0 cksum | cksum
+}
 
 # stage_key OUTPUT COMMAND...: the command, quoted, then the checksum and size of each argument that is a file,
 # but OUTPUT and what lies in it (written by the run, so present only after it).
@@ -18,6 +24,7 @@ stage_key() {
   done
   printf '%q ' "$@"
   printf '|%s' "$sums"
+  if [[ -n ${CODE_KEY:-} ]]; then printf '|code %s' "$CODE_KEY"; fi
 }
 
 stage() {
