@@ -1,6 +1,6 @@
 """A group's common prompt run once (agentrl.learner.shared_prefix): the plan by hand, the passes the
-model is asked for, and the same logprobs, entropy, parameter gradients and learner step as rows run
-one by one (float32 summation order aside)."""
+model is asked for, and the same logprobs, entropy, parameter gradients and learner step (the
+gradients its optimizer is handed) as rows run one by one (float32 summation order aside)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from agentrl.algo.logprobs import token_entropy, token_logprobs
 from agentrl.config import AlgoConfig, LearnerConfig
 from agentrl.learner.shared_prefix import can_share, common_prefix, parameter_count, share_plan
 from agentrl.types import Episode, TrainBatch
+from optimizer_steps import assert_same_gradients, gradients_of_each_step
 
 PROMPT_A = [1] + [3 + (7 * i) % 250 for i in range(19)]  # 20 tokens
 PROMPT_B = [1] + [5 + (11 * i) % 240 for i in range(23)]  # 24 tokens
@@ -104,20 +105,22 @@ def test_logprobs_entropy_and_gradients_equal_separate_rows(tiny_model, top_p, m
 @pytest.mark.parametrize("learner", [{}, {"zero_stage": 3}, {"lora": {"rank": 4}}], ids=["zero0", "zero3", "lora"])
 def test_a_learner_step_equals_the_step_over_separate_rows(tiny_model, learner):
     """Reference and pi_prox passes (no grad) and the training pass all share; the step's metrics and
-    the weights after it match a learner whose rows run one by one."""
+    the gradients its optimizer is handed match a learner whose rows run one by one."""
     algo = {"kl": {"type": "loss", "coef": 0.1}}
     shared = new_learner(tiny_model, learner, **algo)
     shared.share_min_saved = 0
-    (m_shared,) = shared.step(make_batch())
+    with gradients_of_each_step() as g_shared:
+        (m_shared,) = shared.step(make_batch())
     separate = new_learner(tiny_model, learner, **algo)
     separate.share_min_saved = float("inf")  # no group shares
-    (m_separate,) = separate.step(make_batch())
+    with gradients_of_each_step() as g_separate:
+        (m_separate,) = separate.step(make_batch())
     for key in ("kl_ref", "kl_seq_k1", "clip_frac", "entropy"):
         assert m_shared.policy[key] == pytest.approx(m_separate.policy[key], abs=1e-5), key
     assert m_shared.loss == pytest.approx(m_separate.loss, abs=1e-5)
     assert m_shared.grad_norm == pytest.approx(m_separate.grad_norm, rel=1e-5)
-    a, b = shared.state_dict_cpu(), separate.state_dict_cpu()
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+    # The optimizer was handed the same gradients (not: the same weights after Adam, tests/optimizer_steps.py)
+    assert_same_gradients(g_shared, g_separate)
 
 
 def test_gradient_checkpointing_while_training_takes_the_ordinary_pass(tiny_model):
