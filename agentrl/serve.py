@@ -8,9 +8,11 @@ token ledger training uses:
     client = openai.AsyncOpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 
 `POST /sessions` opens a session whose ledger `GET /sessions/<id>` shows (tokens, loss mask, behaviour
-logprobs, segments and why each split). Binds 127.0.0.1 unless `--host` says otherwise; `--api-key`
-(or `server.api_key`) makes every request carry `Authorization: Bearer <key>`. Any config key
-applies as a dotted override, e.g. `engine.max_model_len=2048 rollout.tool_parser=hermes`.
+logprobs, segments and why each split). Binds 127.0.0.1 unless `--host` says otherwise;
+`--api-key-env NAME` / `--api-key-file PATH` (or `server.api_key: env:NAME | file:PATH`) make every
+request carry `Authorization: Bearer <key>`. The key itself is never taken from the command line, which
+every user of the machine reads in `ps`: `--api-key KEY` is refused. Any config key applies as a dotted
+override, e.g. `engine.max_model_len=2048 rollout.tool_parser=hermes`.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ import sys
 
 from agentrl.config import ConfigError, load_config
 from agentrl.rollout.core_process import prestart_for
-from agentrl.startup import check_model_path, input_error, load_model_format
+from agentrl.startup import check_model, input_error, load_model_format
 from agentrl.process_exit import run_and_exit
 
 log = logging.getLogger("agentrl")
+
+API_KEY_ON_ARGV = ("config error: --api-key puts the key on the command line, where every user of this machine "
+                   "reads it (ps); use --api-key-env NAME (an environment variable holding the key) or "
+                   "--api-key-file PATH (a file holding it), or server.api_key: env:NAME in the config file")
 
 
 async def serve(cfg, ready: asyncio.Event | None = None, stop: asyncio.Event | None = None) -> None:
@@ -66,26 +72,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="model folder, named model, or 'default' (the embedded one)")
     parser.add_argument("--port", type=int, help="TCP port (default: server.port; 0 = any free port)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--api-key", help="bearer token every request must carry")
+    parser.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the bearer token "
+                                                               "every request must carry")
+    parser.add_argument("--api-key-file", metavar="PATH", help="file holding the bearer token (e.g. chmod 600)")
+    parser.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with what to use instead
     parser.add_argument("--config", help="YAML config file (engine, server, rollout.tool_parser, model.default)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. engine.max_model_len=2048")
     args = parser.parse_intermixed_args(argv)
+    if args.api_key is not None:
+        print(API_KEY_ON_ARGV, file=sys.stderr)
+        return 2
+    if args.api_key_env is not None and args.api_key_file is not None:
+        parser.error("give --api-key-env or --api-key-file, not both")
     from agentrl.metrics import setup_logging
 
     setup_logging()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    flags = {"server.port": args.port, "server.host": args.host}
+    key = (f"env:{args.api_key_env}" if args.api_key_env is not None else
+           f"file:{args.api_key_file}" if args.api_key_file is not None else None)
+    key = key and "'" + key.replace("'", "''") + "'"  # YAML-quoted: a path may hold ': ' or '#'
+    flags = {"server.port": args.port, "server.host": args.host, "server.api_key": key}
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
     try:
         cfg = load_config(args.config, overrides)
         cfg.model.path = None if args.model == "default" else args.model
-        if cfg.model.path:
-            check_model_path(cfg.model.path)
+        check_model(cfg.model)
     except ConfigError as exc:
         return input_error(exc)
     prestart_for(cfg.cluster.backend)
-    if args.api_key is not None:  # as given: a YAML override would read "123" as a number
-        cfg.server.api_key = args.api_key
     import uvloop
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

@@ -136,10 +136,9 @@ def run(stage: str, cfg: StageConfig, show: bool = True) -> dict[str, Any]:
     from agentrl.learner.stage import run_stage
     from agentrl.config import DefaultModelConfig
     from agentrl.models import resolve_path
-    from agentrl.startup import check_model_path
+    from agentrl.startup import check_model
 
-    if cfg.model.path is not None:
-        check_model_path(cfg.model.path)
+    check_model(cfg.model)
     if not cfg.data.paths:
         raise ConfigError("data.paths is empty: give at least one dataset (--dataset FILE)")
     model_path = resolve_path(cfg.model.path, DefaultModelConfig())  # unset: the default model, as built by default

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,10 +53,34 @@ def build_learner(cfg: Config, model_path: str, tokenizer):
                    top_p=cfg.rollout.top_p)
 
 
-def check_model_path(path: str) -> None:
-    """A named model (agentrl.models), a local Hugging Face folder, or a hub id already in the local
-    cache: nothing is downloaded at run time."""
-    from agentrl.models import ModelNotAvailable, check_available, is_named
+# Hugging Face's offline switches: the hub client (and vLLM through it), transformers' older one, datasets.
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def stay_offline(allow_download: bool) -> None:
+    """Unless the config allows downloads, every Hugging Face load of this run reads the local cache only:
+    the offline switches in this process's environment (inherited by vLLM's engine core, its workers and
+    a Ray that agentrl starts) and in the hub client if it is already imported (it reads them at import)."""
+    if allow_download:
+        return
+    for var in OFFLINE_VARS:
+        os.environ[var] = "1"
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        constants.HF_HUB_OFFLINE = True
+
+
+def check_model(model) -> None:
+    """`model` (the `model` section of either config tree): offline unless allowed, its path usable."""
+    stay_offline(model.allow_download)
+    if model.path:
+        check_model_path(model.path, model.allow_download)
+
+
+def check_model_path(path: str, allow_download: bool = False) -> None:
+    """A named model (agentrl.models), a local Hugging Face folder, or a hub id whose every file the
+    loaders read is in the local cache: nothing is downloaded at run time unless `allow_download`."""
+    from agentrl.models import ModelNotAvailable, check_available, is_hub_id, is_named
 
     if is_named(path):
         try:
@@ -70,14 +94,26 @@ def check_model_path(path: str) -> None:
         return
     if folder.exists():
         raise ConfigError(f"model.path={path!r} is a file; pass a Hugging Face model folder")
-    if re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", path):
-        from huggingface_hub import try_to_load_from_cache
-
-        if isinstance(try_to_load_from_cache(path, "config.json"), str):
-            return
-        raise ConfigError(f"model.path={path!r}: no such folder, and no model of that id in the local Hugging "
-                          f"Face cache (agentrl downloads nothing at run time; pass a local folder)")
+    if is_hub_id(path):
+        return None if allow_download else _check_hub_cache(path)
     raise ConfigError(f"model.path={path!r}: no such folder")
+
+
+def _check_hub_cache(repo_id: str) -> None:
+    from huggingface_hub import constants
+
+    from agentrl.models import missing_hub_files
+
+    missing, snapshot = missing_hub_files(repo_id)
+    if not missing:
+        return
+    where = snapshot or Path(constants.HF_HUB_CACHE)
+    lead = ("no such folder, and no model of that id in the local Hugging Face cache" if snapshot is None else
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not in the local Hugging Face cache")
+    raise ConfigError(f"model.path={repo_id!r}: {lead} ({where}); nothing is downloaded unless "
+                      f"model.allow_download=true. Fetch it where the hub is reachable with `hf download "
+                      f"{repo_id}` into this cache (HF_HOME / HF_HUB_CACHE), pass a local folder, or set "
+                      f"model.allow_download=true")
 
 
 def resolve_model(cfg: Config) -> str:
@@ -115,14 +151,14 @@ def prepare(cfg: Config) -> Prepared:
     from agentrl.tool_client import register_tool_servers
     from rewards.sources import check_sources
 
+    stay_offline(cfg.model.allow_download)  # before an env's make_tasks reads a dataset
     register_tool_servers(cfg.tools.servers)
     try:
         env_cls = load_env(cfg.env.import_path)
     except ValueError as exc:
         raise ConfigError(f"env.import_path: {exc}") from None
     train_tasks, eval_tasks = _load_tasks(cfg, env_cls)
-    if cfg.model.path:
-        check_model_path(cfg.model.path)
+    check_model(cfg.model)
     try:
         check_sources(cfg.rewards)
     except ValueError as exc:

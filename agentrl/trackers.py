@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agentrl.config.load import ConfigError
+from agentrl.config.secrets import masked
 
 # logger name -> (module imported, pip requirement that provides it)
 PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "tensorboard>=2.16"), "wandb": ("wandb", "wandb>=0.17")}
@@ -108,8 +109,9 @@ class WandbTracker:
     def __init__(self, module: Any, out_dir: Path, start_step: int, project: str,
                  run_config: dict[str, Any] | None) -> None:
         run_id = wandb_run_id(out_dir, resuming=start_step > 0)
+        # masked again here: a caller's run_config may hold SecretStr objects or a resolved key
         self.run = module.init(project=project, dir=str(out_dir), id=run_id, resume="allow",
-                               config=run_config, name=out_dir.resolve().name, mode=wandb_mode(os.environ))
+                               config=masked(run_config), name=out_dir.resolve().name, mode=wandb_mode(os.environ))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)

@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.config import DefaultModelConfig
-from agentrl.default_model import build_tokenizer
+# A run goes offline at start-up (agentrl.startup.stay_offline sets these); tests that call prepare(),
+# serve or a stage in-process would set them in the worker half-way through the session, and warm_python
+# reads them as import-time variables (another warm server). Offline from the start, as every run is.
+os.environ.update(dict.fromkeys(("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"), "1"))
+
+from agentrl.config import DefaultModelConfig  # noqa: E402 (after the offline switches, read at import)
+from agentrl.default_model import build_tokenizer  # noqa: E402
 
 
 # scripts/test.sh runs the suite on two pytest-xdist workers. The scheduler below hands out whole groups:

@@ -282,7 +282,7 @@ def test_weight_transport_is_validated_with_the_valid_values_named():
 def test_stage_configs_carry_no_toy_model_keys():
     from agentrl.config.stages import StageConfig
 
-    assert list(StageConfig.model_fields["model"].annotation.model_fields) == ["path"]
+    assert list(StageConfig.model_fields["model"].annotation.model_fields) == ["path", "allow_download"]
     with pytest.raises(ConfigError) as err:
         load_config(None, ["model.default.seed=1"], StageConfig)
     assert str(err.value).startswith("model.default moved: use model.path (a folder of `python -m agentrl.models "

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def served(model_dir):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENTRL_TEST_API_KEY": "s3cret"}  # a key in argv is refused (ps)
     proc = warm_python.Popen([sys.executable, "-m", "agentrl.serve", "--model", model_dir, "--port", "0",
-                             "--api-key", "s3cret", "engine.max_num_seqs=8"],
+                             "--api-key-env", "AGENTRL_TEST_API_KEY", "engine.max_num_seqs=8"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         lines = []  # log lines, then "serving <folder> as 'agentrl' at http://127.0.0.1:<port>/v1"

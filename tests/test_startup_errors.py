@@ -59,6 +59,15 @@ CASES = {
     "reward source setting": ([HTTP_TYPO],
                               "config error: unknown config key 'rewards.sources.0.http.read_timeot_s'; did you mean "
                               "'rewards.sources.0.http.read_timeout_s'?"),
+    "api key on the command line": (["server.api_key=sk-live-7f3a9c1e"],
+                                    "config error: server.api_key is given on the command line, where every user of "
+                                    "this machine reads it (ps); give server.api_key=env:NAME (an environment variable "
+                                    "holding it) or server.api_key=file:PATH (a file holding it), or put it in the "
+                                    "config file"),
+    "api key from an unset variable": (["server.api_key=env:AGENTRL_TEST_UNSET_KEY"],
+                                       "config error: invalid config: server.api_key: the environment variable "
+                                       "AGENTRL_TEST_UNSET_KEY (named by env:AGENTRL_TEST_UNSET_KEY) is not set or "
+                                       "empty"),
     "reward rule that does not exist": (['rewards.sources=[{name: r, type: rule, rule: "rewards.rules:nope"}]'],
                                         "config error: rewards.sources.0.rule='rewards.rules:nope': 'rewards.rules' "
                                         "has no function 'nope'"),

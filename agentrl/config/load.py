@@ -10,6 +10,7 @@ new place (`agentrl.config.algo.MOVED_KEYS`). Every failure is a `ConfigError` w
 from __future__ import annotations
 
 import difflib
+import logging
 import typing
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,21 @@ from pydantic import BaseModel, ValidationError
 from agentrl.config.algo import MOVED_KEYS, moved_error
 from agentrl.config.variants import member_for, misplaced, type_names, variants, variant_tags
 from agentrl.config.schema import Config
+from agentrl.config.secrets import HOW_TO_GIVE, is_reference, is_secret
 from agentrl.config.sources import SOURCE_TYPES, RewardsConfig
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
     """A config that cannot be used; the one-line message says which file, line or key and why."""
+
+
+def shown(key: Any) -> str:
+    """A key as a message shows it: itself, or escaped when it holds a line break or a control character
+    (a message stays one line)."""
+    text = str(key)
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def nested_model(ann: Any) -> type[BaseModel] | None:
@@ -79,7 +90,7 @@ def _unknown_key(key: str, model: type[BaseModel], prefix: str, root: type[BaseM
         by_leaf = {k.rsplit(".", 1)[-1]: k for k in all_keys(root)}
         leaf = difflib.get_close_matches(key, list(by_leaf), n=1, cutoff=0.8)
         hint = f"; did you mean '{by_leaf[leaf[0]]}'?" if leaf else f"; valid keys here: {sorted(model.model_fields)}"
-    return ConfigError(f"unknown config key '{prefix + key}'{hint}")
+    return ConfigError(f"unknown config key '{prefix + shown(key)}'{hint}")
 
 
 def _check_sources(entries: Any, prefix: str) -> None:
@@ -90,7 +101,7 @@ def _check_sources(entries: Any, prefix: str) -> None:
         if not isinstance(entry, dict):
             continue
         kind = entry.get("type")
-        if kind not in SOURCE_TYPES:
+        if not isinstance(kind, str) or kind not in SOURCE_TYPES:  # a list or mapping is no type, nor hashable
             guess = difflib.get_close_matches(str(kind), list(SOURCE_TYPES), n=1, cutoff=0.6)
             hint = f"; did you mean '{guess[0]}'?" if guess else ""
             raise ConfigError(f"{prefix}{i}.type={kind!r} is not one of {sorted(SOURCE_TYPES)}{hint}")
@@ -98,7 +109,7 @@ def _check_sources(entries: Any, prefix: str) -> None:
         for key in entry:
             owners = [t for t, model in SOURCE_TYPES.items() if key not in fields and key in model.model_fields]
             if owners:
-                raise ConfigError(f"config key '{prefix}{i}.{key}' is a setting of reward sources of type "
+                raise ConfigError(f"config key '{prefix}{i}.{shown(key)}' is a setting of reward sources of type "
                                   f"{' / '.join(owners)}, not of type {kind}")
         _check_keys(entry, SOURCE_TYPES[kind], f"{prefix}{i}.", Config)
 
@@ -141,7 +152,7 @@ def _check_keys(data: Any, model: type[BaseModel], prefix: str = "", root: type[
         named = named_model(field.annotation)
         if named is not None and isinstance(value, dict):
             for name, entry in value.items():
-                _check_keys(entry, named, f"{dotted}.{name}.", root)
+                _check_keys(entry, named, f"{dotted}.{shown(name)}.", root)
         nested = nested_model(field.annotation)
         if nested is not None:
             if value is None and field.default is not None:  # a YAML section whose keys are all commented out
@@ -165,11 +176,13 @@ def apply_override(data: dict[str, Any], override: str) -> None:
             node[part] = {"type": node[part]}
         node = node[part]
         if not isinstance(node, dict):
-            raise ConfigError(f"override {key!r}: '{part}' is not a section")
+            raise ConfigError(f"override {key!r}: '{shown(part)}' is not a section")
     try:
         node[parts[-1]] = yaml.safe_load(raw)
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(exc)})") from None
+    except RecursionError:
+        raise ConfigError(f"override {key!r}: the value's collections are nested too deeply to read") from None
 
 
 def _variant_tags(model: type[BaseModel]) -> dict[str, set[str]]:
@@ -190,7 +203,7 @@ def _loc(loc: tuple, schema: type[BaseModel] = Config) -> str:
     parts, tags = [str(p) for p in loc], _variant_tags(schema)
     out = [p for i, p in enumerate(parts) if not (i > 0 and p in SOURCE_TYPES and parts[i - 1].isdigit())
            and not (i > 0 and p in tags.get(parts[i - 1], ()))]
-    return ".".join(out) or "config"
+    return ".".join(map(shown, out)) or "config"
 
 
 def _problem(err: dict, schema: type[BaseModel] = Config) -> str:
@@ -214,19 +227,61 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return where + str(getattr(exc, "problem", None) or exc).replace("\n", " ")
 
 
+def literal_secrets(data: Any, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted keys of `data` that hold a secret's value itself rather than `env:NAME` / `file:PATH`."""
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for key, value in data.items():
+        field = model.model_fields.get(str(key))
+        if field is None:
+            continue
+        dotted = prefix + str(key)
+        if is_secret(field.annotation) and value is not None and not is_reference(value):
+            found.append(dotted)
+        nested, named = nested_model(field.annotation), named_model(field.annotation)
+        if nested is not None:
+            found += literal_secrets(value, nested, dotted + ".")
+        if named is not None and isinstance(value, dict):
+            for name, entry in value.items():
+                found += literal_secrets(entry, named, f"{dotted}.{name}.")
+        if is_source_list(model, str(key)) and isinstance(value, list):
+            for i, entry in enumerate(value):
+                kind = entry.get("type") if isinstance(entry, dict) else None
+                if isinstance(kind, str) and kind in SOURCE_TYPES:
+                    found += literal_secrets(entry, SOURCE_TYPES[kind], f"{dotted}.{i}.")
+    return found
+
+
+def _read_yaml(path: str | Path, schema: type[BaseModel]) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: malformed YAML at {_yaml_problem(exc)}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(f"{path}: collections nested too deeply to read") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    held = literal_secrets(data, schema)
+    if held and Path(path).stat().st_mode & 0o077:
+        log.warning("%s holds %s itself and other users can read the file: chmod 600 it, or give %s",
+                    path, " and ".join(held), HOW_TO_GIVE)
+    return data
+
+
 def load_config(path: str | Path | None, overrides: list[str] = (), schema: type[BaseModel] = Config) -> Any:
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: malformed YAML at {_yaml_problem(exc)}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+    """The config of the YAML file `path` (None: the defaults) with `overrides` applied, validated."""
+    data = _read_yaml(path, schema) if path is not None else {}
+    on_argv: dict[str, Any] = {}
     for override in overrides:
         apply_override(data, override)
+        apply_override(on_argv, override)
+    for key in literal_secrets(on_argv, schema):
+        raise ConfigError(f"{key} is given on the command line, where every user of this machine reads it (ps); "
+                          f"give {key}=env:NAME (an environment variable holding it) or {key}=file:PATH (a file "
+                          f"holding it), or put it in the config file")
     return build_config(data, schema)

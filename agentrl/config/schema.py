@@ -12,13 +12,17 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from agentrl.config.algo import AlgoConfig
 from agentrl.config.sources import RewardsConfig
+from agentrl.config.secrets import HOW_TO_GIVE, Secret
 from agentrl.config.tools import ToolsConfig
 from agentrl.config.sources import _Strict as _Base  # one strict base (unknown keys forbidden) for the tree
 
+ALLOW_DOWNLOAD = ("let files missing from the local Hugging Face cache be downloaded from the Hub (a hub id's "
+                  "model files, datasets an env loads); false (offline, the default): a model file missing from "
+                  "the cache is a start-up error naming it, and the run's processes see HF_HUB_OFFLINE=1")
 WARM_START_TASKS = ("guess_number", "calculator", "arithmetic")  # envs.<task> has demo_tasks and demonstration
 
 
@@ -61,8 +65,10 @@ class DefaultModelConfig(_Base):
 class ModelConfig(_Base):
     """The policy: a Hugging Face folder, or the embedded default built locally."""
 
-    path: str | None = Field(None, description="Hugging Face model folder, or a named model prepared offline "
+    path: str | None = Field(None, description="Hugging Face model folder, a hub id (org/name) whose files are all "
+                                               "in the local Hugging Face cache, or a named model prepared offline "
                                                "(`python -m agentrl.models list`); unset = the embedded default")
+    allow_download: bool = Field(False, description=ALLOW_DOWNLOAD)
     default: DefaultModelConfig = Field(default_factory=DefaultModelConfig,
                                         description="settings of the embedded default (used when path is unset)")
 
@@ -125,7 +131,10 @@ class RolloutConfig(_Base):
     def _known_parser(cls, name: str) -> str:
         from agentrl.tool_formats import get_tool_format
 
-        get_tool_format(name)  # ValueError naming the registered parsers
+        try:
+            get_tool_format(name)  # ValueError naming the registered parsers
+        except (ImportError, TypeError) as exc:  # importlib's answer to an empty or relative module ('..:x')
+            raise ValueError(f"cannot import the tool parser {name!r}: {exc}") from None
         return name
 
 
@@ -273,9 +282,13 @@ class ServerConfig(_Base):
     """The OpenAI-compatible endpoint (agentrl.rollout.openai_server): started by runs whose env is an
     AgentEnv (each episode gets its own session URL) and by `python -m agentrl.serve`."""
 
+    model_config = ConfigDict(**_Base.model_config, hide_input_in_errors=True)  # an error never quotes the key
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise (0.0.0.0 = every interface)")
     port: int = Field(0, ge=0, le=65535, description="TCP port; 0 = any free port (what training runs use)")
-    api_key: str | None = Field(None, description="bearer token every request must carry; unset = no authentication")
+    api_key: Secret | None = Field(None, description=f"bearer token every request must carry; unset = no "
+                                   f"authentication. Give {HOW_TO_GIVE}; the value itself only in a YAML file "
+                                   f"(warned about when others can read the file), never on the command line "
+                                   f"(ps shows it). Written out as ********** everywhere")
     model_name: str = Field("agentrl", min_length=1, description="the model id /v1/models lists and responses name")
     max_sessions: int = Field(100_000, ge=1, description="open sessions at once; more is a 429")
 
@@ -308,7 +321,7 @@ class Config(_Base):
                 s.type == "reward_model" for s in self.rewards.sources):
             raise ValueError("critic.init_from=reward_model needs a rewards source of type reward_model")
         named = self.env.kwargs.get("tool_server")
-        if named is not None and named not in self.tools.servers:
+        if named is not None and (not isinstance(named, str) or named not in self.tools.servers):
             raise ValueError(f"env.kwargs.tool_server={named!r} is not a server of tools.servers "
                              f"({sorted(self.tools.servers) or 'none configured'})")
         c = self.cluster

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.config.schema import OptimConfig
+from agentrl.config.schema import ALLOW_DOWNLOAD, OptimConfig
 from agentrl.config.sources import _Strict as _Base
 
 STAGES = ("sft", "rm", "prm", "dpo", "kto")
@@ -30,8 +30,10 @@ class StageModelConfig(_Base):
     stage settings: unset, a stage starts from the default model as built with its defaults, the folder
     `python -m agentrl.models prepare default` prints; other settings make a folder to pass as path."""
 
-    path: str | None = Field(None, description="Hugging Face model folder, or a named model prepared offline "
+    path: str | None = Field(None, description="Hugging Face model folder, a hub id (org/name) whose files are all "
+                                               "in the local Hugging Face cache, or a named model prepared offline "
                                                "(`python -m agentrl.models list`); unset = the embedded default")
+    allow_download: bool = Field(False, description=ALLOW_DOWNLOAD)
 
 
 class StageDataConfig(_Base):
