@@ -1,4 +1,6 @@
-"""The HTTP discipline shared by every remote endpoint (reward verifiers, tool servers).
+"""The HTTP discipline shared by every remote endpoint (reward verifiers, tool servers), and the two
+rules every server here keeps (`loads_request`, `internal_error`): a body that is no usable JSON is
+the client's mistake (a 400 naming why), and a 5xx names an error id, never the exception.
 
 One `PooledEndpoint` owns one pooled httpx.AsyncClient for one endpoint and makes requests with:
   * per-phase timeouts (connect / read / write / pool) and a cap on requests in flight;
@@ -21,6 +23,7 @@ import math
 import os
 import random
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Callable, TypeVar
@@ -273,3 +276,65 @@ async def _status_failure(response: httpx.Response) -> Failure:
     phrase = response.reason_phrase or ""
     message = f"HTTP {code} {phrase}".rstrip() + (f": {snippet.strip()}" if snippet.strip() else "")
     return Failure(f"http_{code}", message, retryable, retry_after_s=retry_after, http_status=code)
+
+
+# ---------------------------------------------------------------- the server side
+
+MAX_JSON_DEPTH = 64  # no request of any endpoint here nests deeper; json.loads would recurse to ~1000
+
+
+class BadRequestBody(ValueError):
+    """A request body that is no usable JSON: the client's mistake, answered with a 400."""
+
+
+def _constant(name: str) -> Any:
+    raise BadRequestBody(f"the request body holds {name}, which is not JSON (RFC 8259 has no NaN or Infinity)")
+
+
+def _check_value(value: Any, depth: int) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise BadRequestBody(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    if isinstance(value, str):
+        # A lone surrogate ("\ud800") decodes from JSON but is no text: a tokenizer or a UTF-8 encoder fails on it.
+        if _has_surrogate(value):
+            raise BadRequestBody("the request body holds a string with a lone UTF-16 surrogate (not valid Unicode)")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_value(key, depth + 1)
+            _check_value(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_value(item, depth + 1)
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def loads_request(raw: bytes) -> Any:
+    """A request body as JSON, or BadRequestBody saying why not: not UTF-8, not JSON, NaN/Infinity,
+    an integer too long to convert, deeper than MAX_JSON_DEPTH, or a lone surrogate in a string."""
+    try:
+        value = json.loads(raw, parse_constant=_constant)
+    except BadRequestBody:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequestBody(f"the request body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        raise BadRequestBody(f"the request body is not usable JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequestBody(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    _check_value(value, 0)
+    return value
+
+
+def internal_error(logger: logging.Logger, what: str, exc: BaseException | None = None) -> str:
+    """Log a server-side failure with its traceback under a fresh error id and return the id: the
+    client's 5xx body names the id, never the exception, so internals stay in the server's log."""
+    eid = uuid.uuid4().hex[:16]
+    logger.error("%s failed (error id %s)", what, eid, exc_info=exc if exc is not None else False)
+    return eid

@@ -37,6 +37,7 @@ env_error, counted and never scored 0.
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any, Literal
 
@@ -44,9 +45,10 @@ import httpx
 from websockets.exceptions import ConnectionClosed
 
 from agentrl.env import Action, Env, Message, StepResult
-from envs.openenv_server import ensure_server, running, start_or_reuse
+from envs.openenv_server import Restarts, ServerStartError, ensure_server, running, start_or_reuse
 
 try:
+    from openenv.core.client_types import StepResult as OpenEnvResult
     from openenv.core.generic_client import GenericEnvClient
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(f"envs.openenv_env needs openenv-core: pip install 'openenv-core==0.3.0' ({exc})") from exc
@@ -62,22 +64,41 @@ class OpenEnvError(RuntimeError):
 class _ServerReply(Exception):
     """An error message the server sent on the WebSocket, with its OpenEnv code."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.code = str(data.get("code", "UNKNOWN"))
-        self.message = str(data.get("message", "unknown error"))
+    def __init__(self, data: Any) -> None:
+        data = data if isinstance(data, dict) else {}
+        self.code = str(data.get("code", "UNKNOWN"))[:100]
+        self.message = str(data.get("message", "unknown error"))[:1000]
         self.data = data
         super().__init__(f"{self.message} (code {self.code})")
 
 
+class _OutOfProtocol(ValueError):
+    """A server reply that is no OpenEnv message: the server's failure, not the model's."""
+
+
 class _Client(GenericEnvClient):
-    """openenv's dict client, raising errors that keep the server's code (it folds them into RuntimeError)."""
+    """openenv's dict client, raising errors that keep the server's code (it folds them into RuntimeError)
+    and checking every reply's shape, so a reply out of protocol is an OpenEnvError that says so."""
 
     async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
         await self._send(message)
         response = await self._receive()
+        if not isinstance(response, dict):
+            raise _OutOfProtocol(f"a reply that is not a JSON object: {str(response)[:200]}")
         if response.get("type") == "error":
-            raise _ServerReply(response.get("data") or {})
+            raise _ServerReply(response.get("data"))
         return response
+
+    def _parse_result(self, payload: Any) -> OpenEnvResult[dict[str, Any]]:
+        if not isinstance(payload, dict):
+            raise _OutOfProtocol(f"'data' is {type(payload).__name__}, not an object")
+        reward, done = payload.get("reward"), payload.get("done", False)
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))
+                                   or not math.isfinite(reward)):
+            raise _OutOfProtocol(f"'reward' must be a finite number or null, got {str(reward)[:80]}")
+        if not isinstance(done, bool):
+            raise _OutOfProtocol(f"'done' must be true or false, got {str(done)[:80]}")
+        return OpenEnvResult(observation=payload.get("observation", {}), reward=reward, done=done)
 
 
 class OpenEnvEnv(Env):
@@ -86,10 +107,13 @@ class OpenEnvEnv(Env):
                  observation_field: str | None = None, system_prompt: str | None = None,
                  describe_action: bool = True, reset_keys: list[str] | None = None, timeout_s: float = 20.0,
                  connect_timeout_s: float = 10.0, start_timeout_s: float = 60.0,
-                 success_reward: float | None = None) -> None:
+                 success_reward: float | None = None, max_restarts: int = 3, restart_window_s: float = 600.0,
+                 restart_backoff_s: float = 1.0) -> None:
         """`timeout_s` bounds each reply (keep it under rollout.turn_timeout_s, so a stalled server is an
         env_error that says so); `start_timeout_s` bounds starting `app`. `success_reward`: when set, an
-        episode whose summed reward reaches it counts as a success (info["success"])."""
+        episode whose summed reward reaches it counts as a success (info["success"]). A dead `app` is
+        started again at most `max_restarts` times within `restart_window_s`, with exponential backoff
+        from `restart_backoff_s`; past that every episode ends with env_error saying so."""
         if (url is None) == (app is None):
             raise ValueError("OpenEnvEnv needs exactly one of env.kwargs.url (a running OpenEnv server) and "
                              "env.kwargs.app ('package.module:app', started by the adapter)")
@@ -102,22 +126,27 @@ class OpenEnvEnv(Env):
         self.describe_action, self.reset_keys = describe_action, reset_keys
         self.timeout_s, self.connect_timeout_s, self.start_timeout_s = timeout_s, connect_timeout_s, start_timeout_s
         self.success_reward = success_reward
+        self.restarts = Restarts(max_restarts, restart_window_s, restart_backoff_s)
         self.client: _Client | None = None
         self.total = 0.0
 
     @classmethod
     def prestart(cls, *, url: str | None = None, app: str | None = None, start_timeout_s: float = 60.0,
+                 max_restarts: int = 3, restart_window_s: float = 600.0, restart_backoff_s: float = 1.0,
                  **_: Any) -> None:
         """The app's server starts when the run does, beside the engines: started by the first reset
         instead, its start-up (7 s on an idle 2-core machine, over 30 s on a busy one) counted against
         the first episodes' turn deadline, and they timed out."""
         if app and not url:
-            start_or_reuse(app, start_timeout_s)
+            start_or_reuse(app, start_timeout_s, Restarts(max_restarts, restart_window_s, restart_backoff_s))
 
     # ------------------------------------------------------------------ episode
 
     async def reset(self, task: dict[str, Any]) -> list[Message]:
-        url = self.url or (await ensure_server(self.app, self.start_timeout_s)).url  # type: ignore[arg-type]
+        try:
+            url = self.url or (await ensure_server(self.app, self.start_timeout_s, self.restarts)).url  # type: ignore
+        except ServerStartError as exc:  # the app's failure, not the model's: env_error with its reason
+            raise OpenEnvError(str(exc)) from exc
         self.base_url, self.total = url, 0.0
         self.mode, self.field, self.fields = await self._action_spec(url)
         keys = self.reset_keys if self.reset_keys is not None else [k for k in task if k != "id"]
@@ -183,7 +212,7 @@ class OpenEnvEnv(Env):
         """(mode, text field, field schemas) of the server's action class."""
         if self.action_format in ("auto", "text") and self.action_field:
             return "text", self.action_field, {}
-        fields = {k: v for k, v in (await self._schema(url)).get("properties", {}).items() if k != "metadata"}
+        fields = {k: v for k, v in (await self._schema(url))["properties"].items() if k != "metadata"}
         strings = [k for k, v in fields.items() if v.get("type") == "string"]
         if self.action_format == "text" or (self.action_format == "auto" and len(fields) == 1 and strings):
             if len(strings) != 1:
@@ -205,7 +234,7 @@ class OpenEnvEnv(Env):
             if reply.status_code != 200:
                 raise OpenEnvError(f"GET {url}/schema: HTTP {reply.status_code}; is this an OpenEnv server? "
                                    "(set env.kwargs.action_field to skip the schema)")
-            _SCHEMAS[url] = reply.json().get("action", {})
+            _SCHEMAS[url] = _action_schema(url, reply.content)
         return _SCHEMAS[url]
 
     # ------------------------------------------------------------------ failures
@@ -221,6 +250,8 @@ class OpenEnvEnv(Env):
                 hint = ("; the server allows fewer sessions than agentrl runs episodes at once: raise "
                         "max_concurrent_envs in its create_app(...) or lower rollout.max_concurrency")
             return OpenEnvError(f"{where} failed during {what}: {exc.message} (code {exc.code}){hint}")
+        if isinstance(exc, (_OutOfProtocol, json.JSONDecodeError)):
+            return OpenEnvError(f"{where} answered {what} out of the OpenEnv protocol: {str(exc)[:300]}")
         if isinstance(exc, TimeoutError):
             return OpenEnvError(f"{where}: no reply to {what} within {self.timeout_s} s (env.kwargs.timeout_s)")
         if isinstance(exc, ConnectionClosed):
@@ -274,10 +305,30 @@ def _shape(fields: dict[str, Any]) -> str:
     return "{" + ", ".join(f'"{k}": <{v.get("type", "value")}>' for k, v in fields.items()) + "}"
 
 
+def _action_schema(url: str, body: bytes) -> dict[str, Any]:
+    """The action's JSON schema from a GET /schema body, with `properties` a dict of dicts;
+    OpenEnvError when the body is not one."""
+    try:
+        schema = json.loads(body)
+    except ValueError:
+        schema = None
+    action = schema.get("action", {}) if isinstance(schema, dict) else None
+    props = action.get("properties", {}) if isinstance(action, dict) else None
+    if not (isinstance(props, dict) and all(isinstance(v, dict) for v in props.values())):
+        raise OpenEnvError(f"GET {url}/schema answered {body[:200]!r}, not an OpenEnv schema "
+                           "({'action': {'properties': {name: {...}}}}); set env.kwargs.action_field to skip it")
+    return {**action, "properties": props}
+
+
 def _validation_text(reply: _ServerReply) -> str:
-    errors = reply.data.get("errors") or []
-    parts = [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in errors if isinstance(e, dict)]
-    return "; ".join(parts) or reply.message
+    errors = reply.data.get("errors")
+    errors = errors if isinstance(errors, list) else []
+    parts = [f"{_loc(e.get('loc'))}: {e.get('msg')}" for e in errors if isinstance(e, dict)]
+    return "; ".join(parts)[:2000] or reply.message
+
+
+def _loc(loc: Any) -> str:
+    return ".".join(str(x) for x in loc) if isinstance(loc, (list, tuple)) else str(loc or "")
 
 
 def _loopback(url: str) -> bool:

@@ -10,12 +10,17 @@ A server that exited (killed, crashed) is started again by the next `ensure_serv
 were talking to it already failed with env_error, and the run goes on. A server that cannot start
 (import error, port trouble, no /health within `start_timeout_s`) raises `ServerStartError` with the
 tail of its log, so the first failing episode's error says why.
+
+Restarts are bounded (`Restarts`): the n-th restart within `window_s` waits `backoff_s * 2**(n-1)`
+(at most 30 s) first, and past `max_restarts` within the window none is tried: `RestartLimitError`
+(a ServerStartError) fails every episode that needs the app, naming the count and the last log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import os
 import socket
@@ -28,6 +33,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Deque
 
 HOST = "127.0.0.1"
 _LOG_TAIL = 2000  # characters of the server's log quoted in errors
@@ -35,6 +41,23 @@ _LOG_TAIL = 2000  # characters of the server's log quoted in errors
 
 class ServerStartError(RuntimeError):
     """The OpenEnv app could not be started (or died while starting)."""
+
+
+class RestartLimitError(ServerStartError):
+    """The app exited or failed to start more often than `Restarts.max_restarts` within its window."""
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """How often a dead app is started again: at most `max_restarts` within `window_s` seconds, the
+    n-th after `backoff_s * 2**(n-1)` seconds (capped at 30 s), so a crashing app cannot spin."""
+
+    max_restarts: int = 3
+    window_s: float = 600.0
+    backoff_s: float = 1.0
+
+    def delay_s(self, n: int) -> float:
+        return 0.0 if n <= 0 else min(30.0, self.backoff_s * 2 ** (n - 1))
 
 
 @dataclass
@@ -69,6 +92,8 @@ class LocalServer:
 # than one event loop (eval and train loops, tests) while the process is the unit that owns servers.
 _SERVERS: dict[str, LocalServer] = {}
 _STARTING: dict[str, concurrent.futures.Future] = {}
+_FAILURES: dict[str, Deque[float]] = collections.defaultdict(collections.deque)  # exits and failed starts
+_LAST_ERROR: dict[str, str] = {}
 _LOCK = threading.Lock()
 
 
@@ -130,30 +155,57 @@ def launch(app: str, start_timeout_s: float = 60.0, attempts: int = 3) -> LocalS
     raise ServerStartError(f"OpenEnv app {app!r} exited while starting (python -m uvicorn {app}); its log:\n{last}")
 
 
-def start_or_reuse(app: str, start_timeout_s: float) -> concurrent.futures.Future:
-    """The future of the live server for `app`, starting one in a thread if there is none."""
+def _failed(app: str, why: str) -> None:
+    """Record an exit or a failed start of `app` (under _LOCK)."""
+    _FAILURES[app].append(time.monotonic())
+    _LAST_ERROR[app] = why
+
+
+def _restarts_so_far(app: str, policy: Restarts) -> int:
+    """Failures of `app` within the policy's window (under _LOCK); older ones are forgotten."""
+    failures, now = _FAILURES[app], time.monotonic()
+    while failures and now - failures[0] > policy.window_s:
+        failures.popleft()
+    return len(failures)
+
+
+def start_or_reuse(app: str, start_timeout_s: float, policy: Restarts = Restarts()) -> concurrent.futures.Future:
+    """The future of the live server for `app`, starting one in a thread if there is none (bounded by `policy`)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
     with _LOCK:
         server = _SERVERS.get(app)
         if server is not None and server.alive():
-            done: concurrent.futures.Future = concurrent.futures.Future()
-            done.set_result(server)
-            return done
+            future.set_result(server)
+            return future
         if app in _STARTING:
             return _STARTING[app]
         if server is not None:  # exited since: say so once, then start a fresh one
-            print(f"openenv: server {app} at {server.url} exited with code {server.proc.returncode}; "
-                  "starting it again", file=sys.stderr)
+            print(f"openenv: server {app} at {server.url} exited with code {server.proc.returncode}",
+                  file=sys.stderr)
+            _failed(app, f"exited with code {server.proc.returncode}; its log:\n{server.log_tail()}")
             del _SERVERS[app]
             server.stop()
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        n = _restarts_so_far(app, policy)
+        if n > policy.max_restarts:
+            future.set_exception(RestartLimitError(
+                f"OpenEnv app {app!r} exited or failed to start {n} times within {policy.window_s:g} s, more than "
+                f"the {policy.max_restarts} restarts allowed (env.kwargs.max_restarts, restart_window_s): not "
+                f"starting it again. Last failure: {_LAST_ERROR.get(app, '')[-_LOG_TAIL:]}"))
+            return future
         _STARTING[app] = future
+    delay = policy.delay_s(n)
+    if n:
+        print(f"openenv: starting {app} again in {delay:g} s (restart {n} of at most {policy.max_restarts} "
+              f"within {policy.window_s:g} s)", file=sys.stderr)
 
     def run() -> None:
+        time.sleep(delay)
         try:
             started = launch(app, start_timeout_s)
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter
             with _LOCK:
                 _STARTING.pop(app, None)
+                _failed(app, str(exc))
             future.set_exception(exc)
             return
         with _LOCK:
@@ -165,10 +217,10 @@ def start_or_reuse(app: str, start_timeout_s: float) -> concurrent.futures.Futur
     return future
 
 
-async def ensure_server(app: str, start_timeout_s: float = 60.0) -> LocalServer:
-    """The running server for `app` (started on first use, or again after it exited)."""
+async def ensure_server(app: str, start_timeout_s: float = 60.0, policy: Restarts = Restarts()) -> LocalServer:
+    """The running server for `app` (started on first use, or again after it exited, within `policy`)."""
     # shield: an episode cancelled by its own deadline while waiting must not cancel the start for the others
-    return await asyncio.shield(asyncio.wrap_future(start_or_reuse(app, start_timeout_s)))
+    return await asyncio.shield(asyncio.wrap_future(start_or_reuse(app, start_timeout_s, policy)))
 
 
 def running(app: str) -> LocalServer | None:

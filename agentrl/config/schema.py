@@ -290,7 +290,20 @@ class ServerConfig(_Base):
                                    f"(warned about when others can read the file), never on the command line "
                                    f"(ps shows it). Written out as ********** everywhere")
     model_name: str = Field("agentrl", min_length=1, description="the model id /v1/models lists and responses name")
-    max_sessions: int = Field(100_000, ge=1, description="open sessions at once; more is a 429")
+    # Memory is bounded by max_sessions x session_max_tokens (about 100 bytes a ledger token), so both are finite.
+    max_sessions: int = Field(4096, ge=1, description="open sessions at once, training episodes' included; more "
+                              "is a 429 (too_many_sessions); idle HTTP-opened sessions expire")
+    session_idle_timeout_s: float = Field(600.0, gt=0, le=604_800, description="a session opened over HTTP (POST "
+                                          "/sessions, agentrl.serve) with no request for this long is closed and its "
+                                          "ledger dropped (swept every quarter of it, at most 30 s); a training "
+                                          "episode's session ends with its episode")
+    session_max_turns: int = Field(1000, ge=1, description="model turns one HTTP-opened session may take; more is a "
+                                   "400 (context_length_exceeded): open a new session")
+    session_max_tokens: int = Field(262_144, ge=1, description="tokens one HTTP-opened session's ledger may hold over "
+                                    "all its segments; more is a 400 (context_length_exceeded)")
+    generation_timeout_s: float = Field(600.0, gt=0, description="deadline of one generation when the rollout sets "
+                                        "none (agentrl.serve; training uses rollout.turn_timeout_s); past it the "
+                                        "request is a 504 and the generation is cancelled")
 
 
 class Config(_Base):

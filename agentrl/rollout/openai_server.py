@@ -17,14 +17,24 @@ each its own sample (with a seed s, choice i samples with seed s + i).
 
 Binds 127.0.0.1 unless told otherwise; with `api_key` set, a request without
 `Authorization: Bearer <api_key>` is a 401. Errors are in OpenAI's shape; an unknown session is a 404.
+
+Bounded for a shared machine: a session opened over HTTP is closed after `server.session_idle_timeout_s`
+without a request (a sweep), holds at most `server.session_max_turns` turns and `server.session_max_tokens`
+tokens (more is a 400), `server.max_sessions` are open at once (more is a 429), a generation past its
+deadline (`server.generation_timeout_s` where the rollout sets none) is a 504, and a client that leaves
+cancels its request's handler (`handler_cancellation`), which cancels the engine's generation (the
+Engine's stream aborts the vLLM request when closed). A client's mistake is a 4xx naming it; a 5xx
+body names an error id that the log holds with the traceback, never the exception.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
+import time
 import uuid
 from collections import Counter
 from dataclasses import replace
@@ -34,10 +44,12 @@ from aiohttp import web
 
 from agentrl.chat import ChatFormat
 from agentrl.config import ServerConfig
+from agentrl.http_common import BadRequestBody, loads_request
 from agentrl.rollout import openai_protocol as proto
 from agentrl.rollout import responses_protocol as resp
 from agentrl.rollout.openai_protocol import ProtocolError
-from agentrl.rollout.session import Limits, Reply, Session
+from agentrl.rollout import serve_bounds as bounds
+from agentrl.rollout.session import ClientGone, Limits, Reply, Session
 from agentrl.tool_formats import ToolFormat
 from agentrl.types import Episode
 
@@ -61,7 +73,9 @@ class OpenAIServer:
         self.fmt, self.cfg, self.tool_format, self.limits, self.engine = fmt, cfg, tool_format, limits, engine
         self.sessions: dict[str, Session] = {}
         self.counters: Counter[str] = Counter(segments_split=0, sampling_overridden=0, max_tokens_capped=0)
+        self.limits = bounds.with_deadline(limits, cfg)  # agentrl.serve's limits set no deadline: the server's
         self._runner: web.AppRunner | None = None
+        self._sweeper: asyncio.Task | None = None
         self._client: Any = None  # the openai.AsyncOpenAI AgentEnv episodes share (`client`)
         self.port = cfg.port
         self.app = self._app()
@@ -81,14 +95,21 @@ class OpenAIServer:
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # handler_cancellation: a client that disconnects cancels its handler, and so its generation.
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.host, self.cfg.port, backlog=4096)
         await site.start()
         self.port = self._runner.addresses[0][1]
+        self._sweeper = asyncio.create_task(self._sweep_forever())
         log.info("OpenAI endpoint on %s (model %r)", self.url, self.cfg.model_name)
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -107,8 +128,8 @@ class OpenAIServer:
         import openai
 
         if self._client is None:
-            self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.cfg.api_key or "agentrl",
-                                              max_retries=0)
+            key = bounds.secret(self.cfg.api_key) or "agentrl"
+            self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
         return self._client.with_options(base_url=base_url, timeout=timeout_s)
 
     # -- sessions ------------------------------------------------------------------------------------
@@ -116,8 +137,7 @@ class OpenAIServer:
     def open_session(self, engine: Any, episode: Episode, limits: Limits | None = None) -> Session:
         """A session whose ledger is `episode`, generating on `engine`; its base URL is `session.base_url`."""
         if len(self.sessions) >= self.cfg.max_sessions:
-            raise ProtocolError(f"{len(self.sessions)} sessions are open (server.max_sessions)", None, 429,
-                                "too_many_sessions")
+            raise bounds.too_many_sessions(len(self.sessions), self.cfg)
         sid = uuid.uuid4().hex
         session = Session(sid, self.fmt, engine, episode, limits or self.limits, self.tool_format,
                           self.counters)
@@ -129,6 +149,15 @@ class OpenAIServer:
     def close_session(self, sid: str) -> Session | None:
         return self.sessions.pop(sid, None)
 
+    def sweep(self, now: float | None = None) -> int:
+        """Close the HTTP-opened sessions idle for `server.session_idle_timeout_s` (serve_bounds.sweep)."""
+        return bounds.sweep(self.sessions, self.cfg, self.counters, now)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(bounds.sweep_period_s(self.cfg))
+            self.sweep()
+
     def stats(self) -> dict[str, float]:
         """Counters since start: `ledger/segments_split`, `ledger/sampling_overridden`,
         `ledger/max_tokens_capped` (requests asking for more than the per-turn cap), requests, sessions."""
@@ -138,10 +167,10 @@ class OpenAIServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        key = self.cfg.api_key
+        key = bounds.secret(self.cfg.api_key)
         if key is not None:
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
                 self.counters["unauthorized"] += 1
                 body = proto.error_body("missing or wrong bearer token (Authorization: Bearer <api key>)",
                                         "invalid_request_error", None, "invalid_api_key")
@@ -149,13 +178,13 @@ class OpenAIServer:
         try:
             return await handler(request)
         except ProtocolError as exc:
-            return _error(exc)
-        except (web.HTTPException, ConnectionError):  # aiohttp's 404/405; a client gone (an episode cancelled)
+            return _error(bounds.public(exc, f"{request.method} {request.path}"))
+        except (web.HTTPException, ConnectionError):  # aiohttp's 404/405/413; a client gone (an episode cancelled)
             raise
-        except Exception as exc:  # a bug here must still answer in OpenAI's shape, and be logged
-            log.exception("OpenAI endpoint: %s %s failed", request.method, request.path)
-            return _error(ProtocolError(f"internal error: {type(exc).__name__}: {exc}", None, 500,
-                                        kind="server_error"))
+        except ClientGone:  # nobody is left to answer
+            raise ConnectionResetError("the client disconnected") from None
+        except Exception as exc:  # a bug here must still answer in OpenAI's shape: an id, the traceback logged
+            return _error(bounds.internal(f"OpenAI endpoint: {request.method} {request.path}", exc))
 
     async def _models(self, request: web.Request) -> web.Response:
         self._find(request)
@@ -167,13 +196,16 @@ class OpenAIServer:
             return None
         session = self.sessions.get(sid)
         if session is None:
-            raise ProtocolError(f"no session {sid!r} (it ended, or never existed)", None, 404, "session_not_found")
+            raise bounds.unknown_session(sid, self.cfg)
+        session.last_used = time.monotonic()
         return session
 
     async def _open(self, request: web.Request) -> web.Response:
         if self.engine is None:
             raise ProtocolError("this server opens sessions only for its own episodes", None, 403)
-        session = self.open_session(self.engine, Episode(task_id="http", group_id=-1))
+        session = self.open_session(self.engine, Episode(task_id="http", group_id=-1),
+                                    bounds.http_limits(self.limits, self.cfg))
+        session.expires = True
         return web.json_response({"id": session.sid, "base_url": session.base_url})
 
     async def _ledger(self, request: web.Request) -> web.Response:
@@ -194,9 +226,9 @@ class OpenAIServer:
 
     async def _body(self, request: web.Request) -> Any:
         try:
-            return json.loads(await request.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"the request body is not valid JSON: {exc}") from None
+            return loads_request(await request.read())
+        except BadRequestBody as exc:
+            raise ProtocolError(str(exc)) from None
 
     def _session_for(self, request: web.Request | None) -> Session:
         session = None if request is None else self._find(request)
@@ -235,25 +267,32 @@ class OpenAIServer:
         if n > 1:
             return web.json_response(whole(await self._samples(req, mode)))
         session = self._session_for(request)
-        async with session.lock:
-            plan = session.plan_chat(req) if mode == "chat" else session.plan_text(req)
-            if not req.stream:
-                return web.json_response(whole([await session.complete(plan, mode, req.sampling)]))
-            sse, streamed = _Sse(request), []
+        try:
+            async with session.lock:
+                plan = session.plan_chat(req) if mode == "chat" else session.plan_text(req)
+                if not req.stream:
+                    return web.json_response(whole([await session.complete(plan, mode, req.sampling)]))
+                return await self._stream(request, session, plan, req, mode, pieces, finish)
+        finally:
+            session.last_used = time.monotonic()  # idle from the end of its latest request
 
-            async def on_text(text: str) -> None:
-                for chunk in pieces(text, not streamed):
-                    await sse.send(chunk)
-                streamed.append(text)
+    async def _stream(self, request: web.Request, session: Session, plan: Any, req: Any, mode: str,
+                      pieces: Callable[[str, bool], list[dict]], finish: Callable[[Reply, str], list[dict]]):
+        sse, streamed = _Sse(request), []
 
-            try:
-                reply = await session.complete(plan, mode, req.sampling, on_text)
-            except ProtocolError as exc:
-                return await sse.fail(exc)
-            for chunk in finish(reply, "".join(streamed)):
+        async def on_text(text: str) -> None:
+            for chunk in pieces(text, not streamed):
                 await sse.send(chunk)
-            await sse.done()
-            return sse.response
+            streamed.append(text)
+
+        try:
+            reply = await session.complete(plan, mode, req.sampling, on_text)
+        except ProtocolError as exc:
+            return await sse.fail(bounds.public(exc, f"{request.method} {request.path} (stream)"))
+        for chunk in finish(reply, "".join(streamed)):
+            await sse.send(chunk)
+        await sse.done()
+        return sse.response
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         req = proto.parse_chat(await self._body(request))

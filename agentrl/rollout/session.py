@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -44,10 +45,16 @@ class ContextFull(ProtocolError):
 
 
 class SessionEngineError(ProtocolError):
-    """The engine failed this request; the episode ends with status engine_error."""
+    """The engine failed this request; the episode ends with status engine_error. The client is told
+    only that (the server logs `detail` under an error id): engine internals stay out of the body."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, None, 500, "engine_error", kind="server_error")
+    def __init__(self, detail: str) -> None:
+        super().__init__("the engine failed this request", None, 500, "engine_error", kind="server_error")
+        self.detail = detail
+
+
+class ClientGone(Exception):
+    """Streaming to the client failed (it disconnected): not the engine's failure, nothing to answer."""
 
 
 @dataclass
@@ -61,6 +68,7 @@ class Limits:
     temperature: float | None = None
     top_p: float | None = None
     timeout_s: float | None = None  # per generation; a timeout ends a training episode with status timeout
+    max_session_tokens: int | None = None  # tokens the ledger may hold over all its segments (agentrl.serve)
 
 
 @dataclass
@@ -117,6 +125,8 @@ class Session:
         self.timed_out = False
         self.engine_error: str | None = None
         self.requests = 0
+        self.expires = False  # opened over HTTP: closed by the server after `server.session_idle_timeout_s` idle
+        self.last_used = time.monotonic()
         self.lock = asyncio.Lock()  # the server serves one request of a session at a time, in arrival order
 
     # -- planning: how a request extends (or splits) the ledger ------------------------------------
@@ -225,6 +235,13 @@ class Session:
         if len(self.ep.turns) >= self.limits.max_turns:
             self.truncated = True
             raise ContextFull(f"the episode reached its limit of {self.limits.max_turns} model turns")
+        cap = self.limits.max_session_tokens
+        held = len(self.ep.tokens) + sum(len(seg.tokens) for seg in self.ep.segments)
+        left = cap - held - len(plan.add) if cap is not None else self.limits.max_tokens
+        if left <= 0:  # the ledger's memory is the server's: bounded however a session splits
+            self.truncated = True
+            raise ContextFull(f"the session holds {held} tokens over all its segments, its limit is {cap} "
+                              "(server.session_max_tokens): open a new session")
         room = self.limits.max_model_len - len(plan.prompt)
         if room <= 0:
             self.truncated = True
@@ -232,7 +249,7 @@ class Session:
                               f"{self.limits.max_model_len}")
         if s.max_tokens is not None and s.max_tokens > self.limits.max_tokens:  # visible, not silent
             self.counters["max_tokens_capped"] += 1
-        return min(room, self.limits.max_tokens, s.max_tokens or self.limits.max_tokens)
+        return min(room, left, self.limits.max_tokens, s.max_tokens or self.limits.max_tokens)
 
     async def _sample(self, prompt: list[int], budget: int, s: Sampling, on_text: OnText | None) -> Generation:
         if s.seed is None and self.seed is not None:
@@ -263,17 +280,20 @@ class Session:
                     if visible is None:  # a stop string was written: stop sampling (vLLM aborts the request)
                         break
                     if on_text is not None and len(visible) > shown:
-                        await on_text(visible[shown:])
+                        try:
+                            await on_text(visible[shown:])
+                        except (ConnectionError, RuntimeError) as exc:  # aiohttp: the transport is closing
+                            raise ClientGone(str(exc)) from exc
                         shown = len(visible)
             finally:
                 if hasattr(agen, "aclose"):
                     await agen.aclose()
             return gen
-        except (ProtocolError, asyncio.CancelledError, TimeoutError):
+        except (ProtocolError, ClientGone, asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:  # vLLM errors, a dead engine: this request fails, the agent sees a 500
             self.engine_error = f"{type(exc).__name__}: {exc}"
-            raise SessionEngineError(f"the engine failed: {self.engine_error}") from exc
+            raise SessionEngineError(self.engine_error) from exc
 
     def _visible(self, ids: list[int], stop: list[str]) -> str | None:
         """Text safe to stream so far: None once a stop string appears; held back while the text ends

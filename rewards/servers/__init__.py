@@ -1,16 +1,43 @@
 """Reference servers (a verifier, a tool server) and what they share: `serve` runs an aiohttp app on
 a port for as long as a block runs; `run_server` is the command-line runner (argparse with --host and
---port, uvloop, SIGINT/SIGTERM to stop) that each server's `main` calls with its own app and options."""
+--port, uvloop, SIGINT/SIGTERM to stop) that each server's `main` calls with its own app and options;
+`read_json` and the `errors` middleware answer a client's bad body with a 400 and a failure of the
+server's own with a 500 that names an error id (logged with the traceback), never the exception."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import logging
 import signal
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
+
+from agentrl.http_common import BadRequestBody, internal_error, loads_request
+
+log = logging.getLogger(__name__)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request's JSON body; BadRequestBody (answered 400 by `errors`) when it is none."""
+    return loads_request(await request.read())
+
+
+@web.middleware
+async def errors(request: web.Request,
+                 handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException:  # aiohttp's own 404 / 405 / 413: plain, internals-free bodies
+        raise
+    except BadRequestBody as exc:
+        return web.json_response({"error": str(exc)}, status=400)
+    except Exception as exc:  # a bug of the server: the client gets an id, the log the traceback
+        eid = internal_error(log, f"{request.method} {request.path}", exc)
+        return web.json_response({"error": f"internal server error (error id {eid}); the server's log has "
+                                           "the details"}, status=500)
 
 
 @contextlib.asynccontextmanager

@@ -8,6 +8,7 @@ Run it with `python -m rewards.servers.tools --port 8765` and point `agentrl.too
                    -> 200 {"content": str, "is_error": false}            the tool ran
                    -> 200 {"content": "error: ...", "is_error": true}    bad arguments: the model's mistake
                    -> 404 {"error": ...} unknown tool; 400 {"error": ...} body not {"name", "arguments"}
+                   -> 500 {"error": "... error id ..."} only for the server's own failure (logged)
     GET  /health   -> 200 {"status": "ok"}
     GET  /stats    -> 200 {"calls": {tool name: count}, "listed": GET /tools count}
 
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from rewards.servers import run_server
+from rewards.servers import errors, read_json, run_server
 
 MAX_EXPRESSION_CHARS = 200  # bounds parse time and the size of exact intermediate results
 MAX_MAGNITUDE = Fraction(10) ** 100
@@ -93,13 +94,15 @@ def calculate(expression: str) -> str:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
         raise ToolArgumentError(f"cannot parse {expression!r}: {exc.msg}") from None
+    except (ValueError, MemoryError, RecursionError) as exc:  # a null byte; the parser's own limits
+        raise ToolArgumentError(f"cannot parse {expression!r}: {type(exc).__name__}") from None
     return format_number(_eval(tree.body))
 
 
 def _string_arg(arguments: dict[str, Any], key: str) -> str:
     value = arguments.get(key)
     if not isinstance(value, str):
-        raise ToolArgumentError(f"argument {key!r} must be a string, got {json.dumps(value)}")
+        raise ToolArgumentError(f"argument {key!r} must be a string, got {json.dumps(value)[:80]}")
     return value
 
 
@@ -125,16 +128,14 @@ async def list_tools(request: web.Request) -> web.Response:
 
 
 async def call(request: web.Request) -> web.Response:
-    try:
-        body = json.loads(await request.read())
-    except json.JSONDecodeError as exc:
-        return web.json_response({"error": f"body is not JSON: {exc}"}, status=400)
+    body = await read_json(request)  # not JSON: a 400 from the `errors` middleware
     if not isinstance(body, dict) or not isinstance(body.get("name"), str) or \
             not isinstance(body.get("arguments", {}), dict):
         return web.json_response({"error": 'body must be {"name": str, "arguments": object}'}, status=400)
     tool = TOOLS.get(body["name"])
     if tool is None:
-        return web.json_response({"error": f"unknown tool {body['name']!r}; tools: {sorted(TOOLS)}"}, status=404)
+        name = body["name"] if len(body["name"]) <= 80 else body["name"][:80] + "..."
+        return web.json_response({"error": f"unknown tool {name!r}; tools: {sorted(TOOLS)}"}, status=404)
     request.app[CALLS][body["name"]] += 1
     try:
         return web.json_response({"content": tool(body.get("arguments", {})), "is_error": False})
@@ -151,7 +152,7 @@ async def stats(request: web.Request) -> web.Response:
 
 
 def make_app() -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[errors])
     app[CALLS], app[LISTED] = Counter(), Counter()
     app.router.add_get("/tools", list_tools)
     app.router.add_post("/call", call)

@@ -5,7 +5,9 @@ Run it with `python -m rewards.servers.verifier --port 8000` and point the clien
 
     POST /verify        {"episode_id", "task": {"answer": ...}, "messages", "completion"}
                         -> 200 {"reward": 0.0 | 1.0, "info": {"episode_id", "predicted", "replayed"}}
-                        -> 400 {"error": ...} when the request cannot be scored (clients must not retry)
+                        -> 400 {"error": ...} when the request cannot be scored (clients must not retry):
+                           not JSON, no task.answer, `messages` not a list of {"role", "content"} objects
+                        -> 500 {"error": "... error id ..."} only for the server's own failure (logged)
     GET  /health        -> 200 {"status": "ok"}
     --fail-rate / --hang-rate / --garbage-rate inject 500s, hangs and non-JSON bodies (for testing a setup)
     GET  /stats         -> 200 {"requests", "in_flight", "max_in_flight"}; POST /stats/reset zeroes them
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from rewards.rules import last_assistant_text, last_number, numeric_match
-from rewards.servers import run_server
+from rewards.servers import errors, read_json, run_server
 
 
 @dataclass
@@ -69,12 +70,34 @@ def score(request_body: Any) -> dict[str, Any]:
     task = request_body.get("task")
     if not isinstance(task, dict) or "answer" not in task:
         raise ValueError("request needs task.answer")
+    messages = _messages(request_body.get("messages"))
     completion = request_body.get("completion")
     if not isinstance(completion, str):
-        completion = last_assistant_text(request_body.get("messages") or [])
-    reward = numeric_match(completion, task["answer"])
+        completion = last_assistant_text(messages)
+    try:
+        reward = numeric_match(completion, task["answer"])
+    except OverflowError:  # an integer answer past float range
+        raise ValueError(f"task.answer is out of range: {str(task['answer'])[:40]}...") from None
     return {"reward": reward, "info": {"episode_id": request_body.get("episode_id"),
                                        "predicted": last_number(completion)}}
+
+
+def _messages(messages: Any) -> list[dict[str, Any]]:
+    """`messages` checked: a list of objects with a string role and string, list or null content."""
+    if messages is None:
+        return []
+    if not isinstance(messages, list):
+        raise ValueError(f"'messages' must be a list of {{'role', 'content'}} objects, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"'messages[{i}]' must be an object with a string 'role'")
+        content = m.get("content")
+        parts_ok = isinstance(content, list) and all(
+            isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content)
+        if not (content is None or isinstance(content, str) or parts_ok):
+            raise ValueError(f"'messages[{i}].content' must be a string, null or a list of "
+                             "{'type': 'text', 'text': str} parts")
+    return messages
 
 
 async def verify(request: web.Request) -> web.Response:
@@ -90,10 +113,8 @@ async def verify(request: web.Request) -> web.Response:
     if fault is not None:
         return fault
     try:
-        result = score(json.loads(await request.read()))
-    except json.JSONDecodeError as exc:
-        return _bad_request(f"body is not JSON: {exc}")
-    except ValueError as exc:
+        result = score(await read_json(request))
+    except ValueError as exc:  # BadRequestBody (not JSON) is one too
         return _bad_request(str(exc))
     result["info"]["replayed"] = False
     if key:
@@ -144,7 +165,7 @@ async def reset_stats(request: web.Request) -> web.Response:
 def make_app(*, delay_s: float = 0.0, cache_size: int = 10_000, faults: Faults | None = None) -> web.Application:
     """The verifier as an aiohttp app; `delay_s` adds a per-request sleep to simulate scoring cost,
     `faults` injects failures."""
-    app = web.Application(middlewares=[_track])
+    app = web.Application(middlewares=[errors, _track])
     app[FAULTS] = faults or Faults()
     app[STATS] = ServerStats()
     app[CACHE] = OrderedDict()
