@@ -50,8 +50,8 @@ def test_pack_then_unpack_gives_the_tensors_back():
 def receive_in_thread(init: dict, metas, result: dict) -> threading.Thread:
     def run() -> None:
         try:
-            group = collective.join((init["master_address"], init["master_port"]), 1, init["world_size"],
-                                    init["timeout_s"], torch.device("cpu"))
+            group = collective.join(None, 1, init["world_size"], init["timeout_s"], torch.device("cpu"),
+                                    collective.Access.from_info(init))
             buckets = collective.plan_buckets(metas, init["bucket_bytes"])
             result["pairs"] = [p for part in collective.receive(group, metas, buckets, torch.device("cpu"))
                                for p in part]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save
 
@@ -118,3 +121,66 @@ def test_handover_uses_shared_memory_only_when_it_has_room(monkeypatch, tmp_path
     free["n"] = 64 * 2 ** 20  # a container's default 64 MB /dev/shm, too small for a 538 MB model
     assert handover_dir(None, 538 * 10 ** 6) != weight_sync.SHM
     assert handover_dir(str(tmp_path), 538 * 10 ** 6) == tmp_path
+
+
+def test_handover_files_are_this_users_alone_in_a_private_folder(monkeypatch, tmp_path):
+    """In the shared /dev/shm: a folder of this process's (0700, a random name), each file 0600,
+    whatever the umask; the folder goes when the process exits (not when a forked child does)."""
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    monkeypatch.setattr(weight_sync, "SHM", shm)
+    monkeypatch.setattr(weight_sync, "_private", {})
+    old_umask = os.umask(0o000)  # the most permissive: the modes below come from the code, not the umask
+    try:
+        path = weight_sync.write_handover(b"weights", "w-v1.safetensors")
+        target = FileTarget()
+        sync = EngineWeightSync(lambda: {"w": torch.ones(3)}, target, deadline_s=5)
+
+        async def push_one() -> None:
+            await sync.push(1)
+            await sync.landed()  # loaded; the file is kept until the next push lands
+
+        asyncio.run(push_one())
+        pushed = Path(target.loaded[0][2])
+    finally:
+        os.umask(old_umask)
+    folder = path.parent
+    assert folder.parent == shm and folder.name.startswith(f"agentrl-{os.getuid()}-")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.read_bytes() == b"weights"
+    assert Path(pushed).parent == folder and stat.S_IMODE(Path(pushed).stat().st_mode) == 0o600
+    weight_sync._remove(folder, os.getpid() + 1)  # a forked child's exit: not its folder
+    assert folder.is_dir()
+    weight_sync._remove(folder, os.getpid())
+    assert not folder.exists()
+
+
+def test_a_planted_file_or_symlink_at_a_handover_name_is_refused_not_followed(tmp_path):
+    """A configured folder may be shared: a symlink planted at the name a push will write (or at its
+    temporary name) makes the push fail; the file it points at is left as it was."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "w-v1.safetensors.part").symlink_to(victim)
+    with pytest.raises(FileExistsError, match="symlink"):
+        weight_sync.write_handover(b"weights", "w-v1.safetensors", preferred=str(shared))
+    (shared / "w-v2.safetensors").symlink_to(victim)
+    with pytest.raises(FileExistsError, match="already exists"):
+        weight_sync.write_handover(b"weights", "w-v2.safetensors", preferred=str(shared))
+    assert not (shared / "w-v2.safetensors.part").exists()
+
+    sync = EngineWeightSync(lambda: {"w": torch.ones(3)}, FileTarget(), deadline_s=5, folder=str(shared))
+    (shared / f"{sync._tag}-v1.safetensors.part").symlink_to(victim)
+    (shared / f"{sync._tag}-v2.safetensors").symlink_to(victim)
+
+    async def run() -> list:
+        await sync.push(1)
+        await sync.push(2)
+        return await sync.drain()
+
+    results = asyncio.run(run())
+    assert [r.ok for r in results] == [False, False]
+    assert "symlink" in results[0].error and "already exists" in results[1].error
+    assert victim.read_text() == "precious"
+    assert sorted(p.name for p in shared.iterdir() if not p.is_symlink()) == []

@@ -66,14 +66,22 @@ def pack_snapshot(state: dict[str, torch.Tensor], dtype: torch.dtype | None, buc
 class _Endpoint:
     store: Any
     world: int
+    access: collective.Access
     group: Any = None
 
 
 class SenderHub:
-    """Rank 0's endpoints (one group per engine, keyed by the caller) and the snapshots being pushed."""
+    """Rank 0's endpoints (one group per engine, keyed by the caller) and the snapshots being pushed.
 
-    def __init__(self, host: str, timeout_s: float, bucket_bytes: int, device: str = "cpu") -> None:
+    `host` is the address this node is known by; `network` says where the groups listen (default: on
+    loopback only when `host` is a loopback address, as for the local backend, whose engines are this
+    process's children). Each group gets a key of its own (agentrl.collective: "Who can reach it"),
+    handed to its receivers in `open`'s init info and nowhere else."""
+
+    def __init__(self, host: str, timeout_s: float, bucket_bytes: int, device: str = "cpu",
+                 network: collective.Network | None = None) -> None:
         self.host, self.timeout_s, self.bucket_bytes, self.device = host, timeout_s, bucket_bytes, device
+        self.network = network if network is not None else collective.Network(local=collective.is_loopback(host))
         self._cuda = torch.device(device).type == "cuda"
         self.endpoints: dict[str, _Endpoint] = {}
         self.snapshots: dict[int, PackedSnapshot] = {}
@@ -126,16 +134,19 @@ class SenderHub:
         """A new group for `key` with `workers` receivers; returns the receivers' init info. The old
         group of the same key, if any, is dropped (its engine restarted, or a push through it failed)."""
         self.close(key)
-        store = collective.listen(self.host, 1 + workers, self.timeout_s)
-        self.endpoints[key] = _Endpoint(store, 1 + workers)
-        return {"master_address": self.host, "master_port": store.port, "rank_offset": 1,
+        address = collective.bind_address(self.network, self.host)
+        store = collective.listen(address, 1 + workers, self.timeout_s)
+        access = collective.Access(address, store.port, collective.new_key(), self.network)
+        self.endpoints[key] = _Endpoint(store, 1 + workers, access)
+        return {"master_address": address, "master_port": store.port, "rank_offset": 1,
                 "world_size": 1 + workers, "timeout_s": self.timeout_s, "bucket_bytes": self.bucket_bytes,
-                "backend": "nccl" if torch.device(self.device).type == "cuda" else "gloo"}
+                "backend": "nccl" if torch.device(self.device).type == "cuda" else "gloo",
+                "secret": access.key.hex(), "local": self.network.local, "interface": self.network.interface}
 
     def join(self, key: str) -> None:
         """Join as rank 0; returns when every receiver has joined (or raises after the timeout)."""
         ep = self.endpoints[key]
-        ep.group = collective.join(ep.store, 0, ep.world, self.timeout_s, torch.device(self.device))
+        ep.group = collective.join(ep.store, 0, ep.world, self.timeout_s, torch.device(self.device), ep.access)
 
     def send(self, key: str, version: int) -> float:
         """Broadcast `version`'s buckets through `key`'s group; returns the seconds it took."""
@@ -191,7 +202,8 @@ class LocalHub:
         self.snapshot, self.dtype = snapshot, dtype
         # gloo, from host memory, even on a GPU machine: the local engine's worker sits on the driver's
         # cuda:0, and NCCL refuses two ranks on one GPU. The worker copies each bucket to its GPU.
-        self.hub = SenderHub("127.0.0.1", timeout_s, bucket_bytes, "cpu")
+        # Every engine is this process's child: the groups listen on loopback only.
+        self.hub = SenderHub(collective.LOOPBACK, timeout_s, bucket_bytes, "cpu", collective.Network(local=True))
 
     async def call(self, name: str, *args) -> Any:
         return await asyncio.to_thread(getattr(self.hub, name), *args)

@@ -28,7 +28,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from agentrl import faults
-from agentrl.rollout.handover import handover_dir
+from agentrl.rollout.handover import create_exclusive, handover_dir, handover_path  # noqa: F401 (re-exported)
+from agentrl.rollout.handover import publish as publish_file
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,22 @@ def write_snapshot(state: dict[str, torch.Tensor], path: Path, dtype: torch.dtyp
     atomically: the engine never sees a half-written file. Returns the bytes written."""
     from safetensors.torch import save_file
 
+    # The name is claimed here, exclusively and 0600 (agentrl.rollout.handover: a planted file or symlink
+    # is refused); safetensors then writes it (0.8 through a 0600 temp file of its own that it renames
+    # onto the name; older ones in place). 0600 is set again on what it left, never through a symlink.
     tmp = path.with_name(path.name + ".part")
-    save_file(_for_engine(state, dtype), str(tmp))
-    tmp.rename(path)
+    os.close(create_exclusive(tmp))
+    try:
+        save_file(_for_engine(state, dtype), str(tmp))
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    publish_file(tmp, path)
     return path.stat().st_size
 
 
@@ -125,7 +139,7 @@ class EngineWeightSync:
         state = self.snapshot()
         need = sum(v.numel() * (v.element_size() if self.dtype is None else self.dtype.itemsize)
                    for v in state.values())
-        path = handover_dir(self.folder, need) / f"{self._tag}-v{version}.safetensors"
+        path = handover_path(self.folder, need, f"{self._tag}-v{version}.safetensors")
         return path, write_snapshot(state, path, self.dtype)
 
     async def push(self, version: int) -> None:

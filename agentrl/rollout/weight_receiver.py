@@ -15,7 +15,7 @@ and worker processes, before the worker builds the backend named in its config.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,8 +25,14 @@ BACKEND = "agentrl"
 
 
 def register() -> None:
-    """Add the backend to vLLM's registry (plugins may be loaded more than once in a process)."""
+    """Add the backend to vLLM's registry (plugins may be loaded more than once in a process). Also
+    keeps vLLM's own gloo groups on loopback (agentrl.collective.keep_gloo_on_loopback): vLLM loads
+    plugins in the process that starts an engine before it starts the engine core, which inherits it."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from agentrl.collective import keep_gloo_on_loopback
+
+    keep_gloo_on_loopback()
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, __name__, "AgentrlWeightTransferEngine")
@@ -41,6 +47,10 @@ class InitInfo:
     timeout_s: float
     bucket_bytes: int
     backend: str = "gloo"  # the sender's: gloo (buffers in host memory) or nccl (on this worker's GPU)
+    # The group's key (hex; agentrl.collective, "Who can reach it"): kept out of reprs and logs.
+    secret: str = field(default="", repr=False)
+    local: bool = True  # every peer on this node: this worker's sockets listen on loopback only
+    interface: str = ""  # otherwise, the interface to listen on ("" = its address on the route to the sender)
 
 
 @dataclass
@@ -63,13 +73,13 @@ class AgentrlWeightTransferEngine(WeightTransferEngine):
         self._staged: Future | None = None  # the background receive of the next push (`stage`)
 
     def init_transfer_engine(self, init_info: InitInfo) -> None:
-        from agentrl.collective import join
+        from agentrl.collective import Access, join
 
         self.shutdown()  # a new group replaces the old one (a restarted sender, a failed push)
         rank = init_info.rank_offset + self.parallel_config.rank
         self.wire = torch.device(self.device) if init_info.backend == "nccl" else torch.device("cpu")
-        self.group = join((init_info.master_address, init_info.master_port), rank, init_info.world_size,
-                          init_info.timeout_s, self.wire)
+        self.group = join(None, rank, init_info.world_size, init_info.timeout_s, self.wire,
+                          Access.from_info(init_info))
         self.bucket_bytes = init_info.bucket_bytes
 
     def start_weight_update(self) -> None:
