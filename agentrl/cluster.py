@@ -4,13 +4,20 @@ Multi-node: `ray start --head` on one node and `ray start --address=HEAD:6379` o
 `python -m agentrl.train ... cluster.backend=ray cluster.address=auto` on any of them. What the run
 asks for is checked against what the cluster has before any actor starts: Ray would otherwise wait
 forever for resources that never come.
+
+A local Ray (no `cluster.address`) listens on loopback only, unless `cluster.bind_host` names another
+address: its GCS, raylets, object manager, agents and workers serve gRPC on every interface by default.
+Ray's token authentication (on by default for a cluster `ray.init` starts) is kept; a run says so
+when the environment turned it off.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+from typing import Iterator
 
 from agentrl.config import ClusterConfig
 
@@ -21,9 +28,65 @@ class ClusterError(RuntimeError):
     """The cluster cannot be reached, or cannot hold what the run asks for."""
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def needed(cfg: ClusterConfig) -> dict[str, float]:
-    return {"CPU": cfg.engines * cfg.engine_num_cpus + cfg.learner_ranks * cfg.learner_num_cpus,
+    want = {"CPU": cfg.engines * cfg.engine_num_cpus + cfg.learner_ranks * cfg.learner_num_cpus,
             "GPU": cfg.engines * cfg.engine_num_gpus + cfg.learner_ranks * cfg.learner_num_gpus}
+    for count, custom in ((cfg.engines, cfg.engine_resources), (cfg.learner_ranks, cfg.learner_resources)):
+        for name, amount in custom.items():
+            want[name] = want.get(name, 0.0) + count * amount
+    return want
+
+
+@contextlib.contextmanager
+def _node_ip_as_given() -> Iterator[None]:
+    """`ray.init` turns a loopback `_node_ip_address` into the machine's outward address unless Ray's
+    single-machine switch (what it uses on macOS and Windows) is off; off for this one call. The Ray
+    processes it starts get the address on their command lines, and workers take it from their node."""
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def start_local(cpus: int, runtime_env: dict, bind_host: str, custom: dict[str, float]) -> None:
+    """A new Ray of our own on this machine, listening on `bind_host` (loopback by default); its one
+    node offers the `custom` resources the run's actors ask for."""
+    import ray
+
+    loopback = bind_host in LOOPBACK
+    with _node_ip_as_given() if loopback else contextlib.nullcontext():
+        # address="local": a new Ray of our own, even when `ray start` left a cluster running here
+        ray.init(address="local", num_cpus=cpus, resources=custom or None, include_dashboard=False,
+                 runtime_env=runtime_env, logging_level=logging.WARNING,
+                 _node_ip_address="127.0.0.1" if loopback else bind_host)
+    if not token_auth_on():
+        log.warning("Ray token authentication is off (RAY_AUTH_MODE=%s): any process that reaches %s can run "
+                    "code in this run's Ray; unset RAY_AUTH_MODE to turn it back on",
+                    os.environ.get("RAY_AUTH_MODE"), bind_host)
+    log.info("started a local Ray with %d CPUs on %s", cpus, ray.util.get_node_ip_address())
+
+
+def auth_mode_from_env() -> None:
+    """Ray reads RAY_AUTH_MODE once, when it is imported; a process that set it later (or the fork of
+    one that imported Ray before it was set) would join a cluster without its token and be refused.
+    Read it again now, as Ray itself does when `ray.init` turns token authentication on."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" and not token_auth_on():
+        from ray._raylet import Config
+
+        Config.initialize("")
+
+
+def token_auth_on() -> bool:
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
 
 
 def connect(cfg: ClusterConfig) -> None:
@@ -40,11 +103,10 @@ def connect(cfg: ClusterConfig) -> None:
         from agentrl.learner.dist import usable_cores
 
         cpus = max(usable_cores(), math.ceil(want["CPU"]))
-        # address="local": a new Ray of our own, even when `ray start` left a cluster running here
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, runtime_env=env,
-                 logging_level=logging.WARNING)
-        log.info("started a local Ray with %d CPUs", cpus)
+        custom = {k: v for k, v in want.items() if k not in ("CPU", "GPU")}
+        start_local(cpus, env, cfg.bind_host, custom)
     else:
+        auth_mode_from_env()
         try:
             ray.init(address=cfg.address, runtime_env=env, logging_level=logging.WARNING)
         except ConnectionError as exc:

@@ -349,3 +349,41 @@ def test_an_engine_outside_this_process_streams_its_turn_in_one_piece_and_report
         await fleet.wait_restarts()
         assert all(m.healthy for m in fleet.members)
     asyncio.run(run())
+
+
+def test_a_ray_engine_dies_only_of_its_own_actor_error():
+    """A collective load waits on learner rank 0's hub: when that rank's node dies the load fails with
+    the rank's RayActorError, which must not restart the engine (it happened once: both engines of a
+    run whose learner node died were torn down as dead). The engine's own actor error is its death."""
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    from agentrl.rollout.members import RayMember
+
+    class Handle:
+        _actor_id = type("Id", (), {"hex": lambda self: "aa" * 16})()
+
+    member = RayMember(0, actor=Handle())
+    mine = ActorUnavailableError("socket closed", bytes.fromhex("aa" * 16))
+    hub = ActorUnavailableError("socket closed", bytes.fromhex("bb" * 16))
+    assert member.is_death(mine) and not member.is_death(hub)
+    assert member.is_death(ActorDiedError())  # no actor named: the call was this engine's
+    assert not member.is_death(RuntimeError("one request failed"))
+
+
+def test_engines_and_ranks_ask_for_the_custom_resources_that_place_them():
+    """cluster.engine_resources / learner_resources (read with getattr until the config has them) go
+    into each actor's options and into what the cluster must hold; engines spread over nodes."""
+    from types import SimpleNamespace
+
+    from agentrl.cluster import needed
+    from agentrl.rollout.ray_engine import actor_options
+
+    cluster = SimpleNamespace(engines=2, engine_num_cpus=1.0, engine_num_gpus=0.0, learner_ranks=3,
+                              learner_num_cpus=2.0, learner_num_gpus=0.0, engine_resources={"engine_node": 1},
+                              learner_resources={"learner_node": 0.5})
+    assert needed(cluster) == {"CPU": 8.0, "GPU": 0.0, "engine_node": 2.0, "learner_node": 1.5}
+    opts = actor_options(cluster, 1, frozenset())
+    assert opts["resources"] == {"engine_node": 1} and opts["scheduling_strategy"] == "SPREAD"
+    assert opts["runtime_env"] == {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+    del cluster.engine_resources, cluster.learner_resources  # a config without the keys: nothing asked
+    assert needed(cluster) == {"CPU": 8.0, "GPU": 0.0} and "resources" not in actor_options(cluster, 0, frozenset())

@@ -252,6 +252,13 @@ class ClusterConfig(_Base):
     max_engine_restarts: int = Field(3, ge=0, le=1000, description="restarts per engine after it dies; one more "
                                                                    "death ends the run with an error")
     start_timeout_s: float = Field(600.0, gt=0, description="deadline for an engine or learner rank to start")
+    engine_resources: dict[str, float] = Field(default_factory=dict, description="ray: custom resources each "
+                                               "engine actor asks for, to place engines on the nodes that offer "
+                                               "them (`ray start --resources='{\"engine_node\": 2}'`)")
+    learner_resources: dict[str, float] = Field(default_factory=dict, description="ray: custom resources each "
+                                                "learner rank asks for, to place ranks on the nodes that offer them")
+    bind_host: str = Field("127.0.0.1", min_length=1, description="ray: the address a local Ray (no cluster.address) "
+                           "listens on; loopback unless told otherwise")
 
 
 class TrainConfig(_Base):

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from agentrl import collective
 from agentrl.config import ClusterConfig
 from agentrl.learner.rl import Learner, StepMetrics
 from agentrl.learner.step_parts import weighted
@@ -45,11 +46,13 @@ class LearnerRank:
 
         return ray.util.get_node_ip_address(), _free_port()
 
-    def setup(self, master: tuple[str, int], build: Callable[[], Learner]) -> dict[str, Any]:
+    def setup(self, master: tuple[str, int], build: Callable[[], Learner], key: str = "") -> dict[str, Any]:
+        """`key`: the ranks' rendezvous secret (hex), through Ray's task arguments, never argv or a file;
+        `agentrl.learner.dist.rank_store` seals the store with it and takes it out of the environment."""
         import ray
 
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
-                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+                          MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), AGENTRL_RANKS_KEY=key)
         self.learner = build()
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
@@ -137,13 +140,16 @@ class RayLearner:
             env["CUDA_VISIBLE_DEVICES"] = ""  # Ray leaves every GPU visible to an actor that asked for none
         opts = {"num_cpus": self.cluster.learner_num_cpus, "num_gpus": self.cluster.learner_num_gpus,
                 "runtime_env": {"env_vars": env}}
+        if self.cluster.learner_resources:  # the nodes that offer them (`ray start --resources`)
+            opts["resources"] = dict(self.cluster.learner_resources)
         # Rank 0 also runs the weight hub's calls: a broadcast (or a group join) per engine at once,
         # beside a learner step, each on an actor thread of its own.
         self.ranks = [remote.options(**opts, max_concurrency=4 + 2 * self.cluster.engines if r == 0 else 1)
                       .remote(r, world, self.num_threads) for r in range(world)]
         t0 = time.perf_counter()
         master = self._wait([self.ranks[0].rendezvous.remote()], "start", self.cluster.start_timeout_s)[0]
-        self.where = self._wait([a.setup.remote(master, self.build) for a in self.ranks], "start",
+        key = collective.new_key().hex()  # one per start: a stranger on the rendezvous port cannot steer it
+        self.where = self._wait([a.setup.remote(master, self.build, key) for a in self.ranks], "start",
                                 self.cluster.start_timeout_s)
         log.info("%d learner rank(s) up in %.1fs (rendezvous %s:%d)", world, time.perf_counter() - t0, *master)
 
@@ -200,9 +206,22 @@ class RayLearner:
             except Exception as exc:
                 rank = refs.index(ready[0])
                 self.shutdown()
-                raise LearnerRankDied(f"learner rank {rank} failed during {what}: {type(exc).__name__}: "
-                                      f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from exc
+                raise LearnerRankDied(self._death(rank, what, exc)) from exc
         return ray.get(refs)
+
+    def _death(self, rank: int, what: str, exc: Exception) -> str:
+        """What ended the run, where, and how to go on: the newest checkpoint holds every finished step."""
+        from ray.exceptions import RayActorError
+
+        text = str(exc).strip()
+        node = self.where[rank]["node_id"][:12] if rank < len(self.where) else "?"
+        where = f" on node {node}" if node != "?" else ""
+        line = f"learner rank {rank}{where} failed during {what}: {type(exc).__name__}: " + \
+            (text.splitlines()[-1] if text else "")
+        if isinstance(exc, RayActorError):  # its process or node is gone, not a bug in the step
+            line += ("; the run stopped. Run the same command with train.resume=auto to go on from the newest "
+                     "checkpoint, once the cluster can hold the learner ranks again")
+        return line
 
     def shutdown(self) -> None:
         import ray

@@ -40,6 +40,12 @@ class FleetFailed(RuntimeError):
     """An engine died more often than `cluster.max_engine_restarts` allows, or could not start."""
 
 
+def on_node(member: Member) -> str:
+    """' on node <id>' for a Ray engine (where it runs, or ran), '' for one in this process."""
+    node = member.where.get("node_id")
+    return f" on node {node[:12]}" if node else ""
+
+
 class _Leased:
     """The `GenerateFn` an episode sees: one engine, with its failures reported to the fleet."""
 
@@ -103,27 +109,18 @@ class EngineFleet:
         """Engines as Ray actors (Ray must be connected: `agentrl.cluster.connect`). `avoid_nodes`: node
         ids the engines must not use (the learner's, with `cluster.colocate: false`)."""
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from agentrl.rollout.ray_engine import EngineActor
+        from agentrl.rollout.ray_engine import EngineActor, actor_options, engine_nodes
 
         remote = ray.remote(EngineActor)
-        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid_nodes
-                 and n["Resources"].get("GPU", 0) >= cluster.engine_num_gpus]  # pinned engines must fit
-        if avoid_nodes and not nodes:
+        if avoid_nodes and not engine_nodes(cluster, avoid_nodes):
             raise FleetFailed("cluster.colocate=false: every node of the Ray cluster holds a learner rank; "
                               "add a node or set cluster.colocate=true")
-        on_gpu = cluster.engine_num_gpus > 0
 
         def make_actor(i: int):
-            # vLLM's log level reaches the actors through the job's runtime_env (agentrl.cluster.connect).
-            opts: dict[str, Any] = {"num_cpus": cluster.engine_num_cpus, "num_gpus": cluster.engine_num_gpus}
-            if not on_gpu:  # Ray leaves every GPU visible to an actor that asked for none
-                opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
-            if avoid_nodes:
-                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=False)
-            return remote.options(**opts).remote(i, model_path, cfg.model_dump(), eos_id,
-                                                 cluster.tensor_parallel_size, cluster.engine_num_cpus, on_gpu)
+            return remote.options(**actor_options(cluster, i, avoid_nodes)).remote(
+                i, model_path, cfg.model_dump(), eos_id, cluster.tensor_parallel_size, cluster.engine_num_cpus,
+                cluster.engine_num_gpus > 0)
 
         members = [RayMember(i, make_actor=make_actor, start_timeout_s=cluster.start_timeout_s,
                              workers=cluster.tensor_parallel_size) for i in range(cluster.engines)]
@@ -260,7 +257,7 @@ class EngineFleet:
             return
         member.healthy = False
         member.last_error = f"{type(exc).__name__}: {exc}"
-        log.error("engine %d died (%s); restarting it", member.index, member.last_error)
+        log.error("engine %d died%s (%s); restarting it", member.index, on_node(member), member.last_error)
         self._track(self._restart(member))
 
     def _track(self, job) -> None:
@@ -291,8 +288,8 @@ class EngineFleet:
             member.healthy = True
             self._set_member_version(member, member.version)
             self._healthy.set()
-            log.warning("engine %d restarted in %.1fs, serving v%d", member.index, time.perf_counter() - t0,
-                        member.version)
+            log.warning("engine %d restarted in %.1fs%s, serving v%d", member.index, time.perf_counter() - t0,
+                        on_node(member), member.version)
             return
 
     async def _catch_up(self, member: Member) -> None:

@@ -128,7 +128,16 @@ class RayMember(Member):
             self.actor = None
 
     async def generate(self, *args) -> Generation:
-        return await self.actor.generate.remote(*args)
+        import ray
+
+        ref = self.actor.generate.remote(*args)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            # Cancelling the await leaves the actor's task running; ray.cancel interrupts the actor's async
+            # generate, whose vLLM stream then aborts the request (a client left, a deadline passed).
+            ray.cancel(ref)
+            raise
 
     async def load_weights(self, handover: Any, version: int) -> float:
         return await self.actor.load_weights.remote(handover, version)
@@ -150,6 +159,11 @@ class RayMember(Member):
             return False
 
     def is_death(self, exc: BaseException) -> bool:
+        """A RayActorError of this engine's actor. One of another actor (the learner rank whose hub a
+        collective load waits on, when that rank's node dies) says nothing about this engine."""
         from ray.exceptions import RayActorError
 
-        return isinstance(exc, RayActorError)
+        if not isinstance(exc, RayActorError):
+            return False
+        mine = getattr(self.actor, "_actor_id", None)
+        return exc.actor_id is None or mine is None or exc.actor_id == mine.hex()

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from agentrl.config import EngineConfig
+from agentrl.config import ClusterConfig, EngineConfig
 from agentrl.rollout.engine import Engine, Generation
 from agentrl.rollout.handover import write_handover
 from agentrl.rollout.members import OnEngine
@@ -29,6 +29,37 @@ def cpu_binding(index: int, num_cpus: float) -> str:
     start = (index * k) % len(cores)
     picked = (cores + cores)[start:start + min(k, len(cores))]
     return ",".join(str(c) for c in picked)
+
+
+def engine_nodes(cluster: ClusterConfig, avoid: frozenset[str] = frozenset()) -> list[str]:
+    """Ids of the live nodes an engine fits on: not in `avoid`, with the GPUs and custom resources an
+    engine asks for. Read at each actor's start, so a restart after a node's loss picks a survivor."""
+    import ray
+
+    wants = {"GPU": cluster.engine_num_gpus, **cluster.engine_resources}
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid
+            and all(n["Resources"].get(k, 0) >= v for k, v in wants.items())]
+
+
+def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str]) -> dict[str, Any]:
+    """`ray.remote(...).options` of engine `index`. Engines spread over the nodes that can hold them,
+    so that a node's loss takes as few as possible; `avoid` (the learner's nodes, `cluster.colocate:
+    false`) pins each to one of the other nodes instead."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # vLLM's log level reaches the actors through the job's runtime_env (agentrl.cluster.connect).
+    opts: dict[str, Any] = {"num_cpus": cluster.engine_num_cpus, "num_gpus": cluster.engine_num_gpus,
+                            "scheduling_strategy": "SPREAD"}
+    if cluster.engine_resources:
+        opts["resources"] = dict(cluster.engine_resources)
+    if cluster.engine_num_gpus <= 0:  # Ray leaves every GPU visible to an actor that asked for none
+        opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+    if avoid:
+        nodes = engine_nodes(cluster, avoid)
+        if not nodes:  # the other nodes are gone (a restart): the fleet counts this as a failed restart
+            raise RuntimeError(f"no live node without a learner rank can hold engine {index} (cluster.colocate=false)")
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)
+    return opts
 
 
 class EngineActor(OnEngine):
