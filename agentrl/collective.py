@@ -101,7 +101,6 @@ def unpack(buf: torch.Tensor, metas: list[TensorMeta], bucket: Bucket) -> list[t
 
 
 # -- the group ---------------------------------------------------------------------------------
-#
 # Who can reach it, and what a stranger who does can do. The group's rendezvous is a TCPStore on rank
 # 0, and gloo (or NCCL's bootstrap) listens on every rank for its peers. None of them authenticates
 # anything, and torch's store even answers `list_keys` to anyone who connects. So:
@@ -383,11 +382,9 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
     try:
         yield
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for k in values:
+            os.environ.pop(k, None)
+        os.environ.update({k: v for k, v in old.items() if v is not None})
 
 
 def broadcast(group: torch.distributed.ProcessGroup, buf: torch.Tensor) -> None:

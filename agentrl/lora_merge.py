@@ -7,7 +7,8 @@ dtype. It loads as a sequence classifier when the adapter was trained as one (pe
 e.g. a reward model) or the base already is one; else as a causal LM. A SEQ_CLS adapter on a causal-LM
 base carries the trained score head (peft's modules_to_save); the classifier is built with that head's
 number of outputs, so the saved weights load. The tokenizer is copied from the adapter folder when it
-has one (training may add tokens), else from the base. Nothing is downloaded (local_files_only).
+has one (training may add tokens), else from the base. Nothing is downloaded (local_files_only), and
+nothing is unpickled: an adapter_model.bin is read with torch.load(weights_only=True).
 """
 
 from __future__ import annotations
@@ -64,10 +65,26 @@ def saved_head_outputs(lora: Path) -> int | None:
         with safe_open(weights, framework="pt") as f:
             shapes = {key: f.get_slice(key).get_shape() for key in f.keys()}
     else:
-        import torch
-
-        shapes = {key: list(t.shape) for key, t in torch.load(weights, map_location="cpu").items()}
+        shapes = {key: list(t.shape) for key, t in read_bin_weights(weights).items()}
     return next((shape[0] for key, shape in shapes.items() if key.endswith(_HEADS)), None)
+
+
+def read_bin_weights(weights: Path) -> dict:
+    """An adapter_model.bin (a torch pickle) read with weights_only=True: a planted pickle is refused with
+    a ConfigError naming the file, before anything in it runs."""
+    import pickle
+
+    import torch
+
+    try:
+        loaded = torch.load(weights, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        why = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line), str(exc).splitlines()[0])
+        raise ConfigError(f"--lora {weights}: refused: not a plain tensor file ({why}); save the adapter as "
+                          f"adapter_model.safetensors") from None
+    if not isinstance(loaded, dict) or not all(isinstance(t, torch.Tensor) for t in loaded.values()):
+        raise ConfigError(f"--lora {weights}: not a state dict of tensors")
+    return loaded
 
 
 def load_base(base: Path, lora: Path):
@@ -98,6 +115,8 @@ def merge(base: str | Path, lora: str | Path, out: str | Path) -> Path:
 
     base, lora, out = Path(base).expanduser(), Path(lora).expanduser(), Path(out).expanduser()
     check_folders(base, lora, out)
+    if not (lora / _ADAPTER_WEIGHTS[0]).is_file() and (lora / _ADAPTER_WEIGHTS[1]).is_file():
+        read_bin_weights(lora / _ADAPTER_WEIGHTS[1])  # refused here with its name, not deep inside peft
     peft_model = PeftModel.from_pretrained(load_base(base, lora), lora, is_trainable=False)
     merged = peft_model.merge_and_unload()
     out.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,13 @@
                        staleness buffer and its producer; a resumed run's checkpoint loaded into them
     train()            evaluate, the loop (batch -> Learner.step -> weight push -> metrics ->
                        checkpoint), save the model, evaluate; returns the summary
-    save_checkpoint()  composes every component's own state dict (`agentrl.checkpoint`)
-    load_checkpoint()  puts them back, then has every engine serve the checkpoint's weights
+    save_checkpoint()  composes every component's own state dict (`agentrl.checkpoint`); a write that
+                       fails (a full disk) is logged and retried at the next due checkpoint
+    load_checkpoint()  puts them back, then has every engine serve the checkpoint's weights; changes
+                       nothing outside this run's own out_dir (a rollback within it moves the later
+                       checkpoints aside)
+    SIGTERM / SIGINT   stop at the next safe point with a checkpoint, exit 128 + the signal's number
+                       (`agentrl.checkpoint.preempt`)
     cleanup()          releases everything `setup` made, in reverse order, through one exit stack
 
     tasks -> RolloutPool (vLLM engines, many episodes on one uvloop loop) -> StalenessBuffer
@@ -26,9 +31,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
+from agentrl import faults
 from agentrl.buffer import BatchAssembly, StalenessBuffer
-from agentrl.checkpoint import CheckpointStore, RunState, capture, load_run_state, restore, save_run_state
-from agentrl.config import Config
+from agentrl.checkpoint import (CheckpointError, CheckpointStore, CheckpointWriteError, RunState, capture, load_run_state,
+                                restore, save_run_state)
+from agentrl.checkpoint.preempt import RunStopped, StopRequest
+from agentrl.config import Config, ConfigError
 from agentrl.data import TaskStream
 from agentrl.learning_signal import SignalWatch, filter_streak_limit, signal_metrics, step_signal
 from agentrl.metrics import MetricsSink
@@ -77,6 +85,11 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     return rec
 
 
+def _merged(first: dict[str, list[int]], then: dict[str, list[int]]) -> dict[str, list[int]]:
+    """Dropped positions by reason, `first`'s before `then`'s."""
+    return {reason: first.get(reason, []) + then.get(reason, []) for reason in {**first, **then}}
+
+
 class RLRun:
     """Owns one run's components from `setup` to `cleanup`; use as `async with RLRun(cfg, prep) as run:`
     (`cleanup` on the way out, also after an error half-way through `setup`)."""
@@ -98,6 +111,10 @@ class RLRun:
         self.max_stale_seen = 0
         self.kept: dict[str, Any] = {}  # what a checkpoint keeps for the final summary (eval_before)
         self.resumed: dict[str, Any] | None = None
+        self.stop = StopRequest()
+        self.saved_step = 0  # the step of the newest checkpoint written or loaded by this process
+        self.carried: dict[str, list[int]] = {}  # a stopped run's unrecorded drops, for the first record
+        self.checkpoint_failures: list[str] = []
 
     async def __aenter__(self) -> "RLRun":
         return self
@@ -123,6 +140,10 @@ class RLRun:
         self._stack.push_async_callback(scorer.aclose)
         self._stack.push_async_callback(aclose_shared)
         self.fleet, self.learner, self.sync = await start_workers(cfg, self.model_path, self.tokenizer, fmt.eos_id)
+        # From here a signal stops the run at its next safe point (before: the default action, nothing to
+        # save yet). After start_workers: ray.init sets a SIGTERM handler of its own, which this replaces.
+        self.stop.install()
+        self._stack.callback(self.stop.uninstall)
         spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
         self._stack.push_async_callback(stop_agent_server, spec)
         await start_agent_server(cfg, spec, self.fleet)
@@ -136,6 +157,7 @@ class RLRun:
                                  filter_streak_limit(cfg.buffer.batch_size // cfg.rollout.n_samples))
         if prep.resume is not None:
             await self.load_checkpoint(prep.resume)
+        faults.reached("startup")
 
     def _components(self) -> dict[str, Any]:
         return {"buffer": self.buffer, "producer": self.producer, "pool": self.pool, "stream": self.stream}
@@ -144,9 +166,16 @@ class RLRun:
 
     async def load_checkpoint(self, folder: Path) -> None:
         """Load the checkpoint into the learner and the components, then have every engine serve its
-        weights and version before the first episode starts."""
-        state = load_run_state(folder)
-        digest = await asyncio.to_thread(self.learner.load_checkpoint, str(folder / "learner"))
+        weights and version before the first episode starts. Only this run's own checkpoints change:
+        resumed from an older one of them, the newer ones are moved aside (`CheckpointStore.set_aside_after`);
+        resumed from another run's, that run's folder is only read."""
+        from agentrl.learner.state import CheckpointFileError
+
+        try:
+            state = load_run_state(folder)
+            digest = await asyncio.to_thread(self.learner.load_checkpoint, str(folder / "learner"))
+        except (CheckpointError, CheckpointFileError) as exc:
+            raise ConfigError(f"train.resume: {exc}") from None
         if self.learner.version != state.learner_version:
             raise RuntimeError(f"{folder}: learner version {self.learner.version} != the run state's "
                                f"{state.learner_version}")
@@ -155,28 +184,74 @@ class RLRun:
         if failed:
             raise RuntimeError(f"resume: the engines did not load the checkpoint's weights: {failed[0].error}")
         restore(state, self._components())
-        CheckpointStore(folder.parent.parent).discard_after(state.step)
+        self.store.set_aside_after(state.step)  # this run's own checkpoints only, never the source run's
         self.step, self.elapsed_before, self.max_stale_seen = state.step, state.elapsed_s, state.max_staleness_seen
+        self.saved_step, self.carried = state.step, dict(state.outcomes)
         self.kept = dict(state.summary)
         log.info("resumed from %s: step %d, version %d, %d finished groups waiting, %d in flight re-issued",
                  folder, state.step, self.learner.version, len(state.ready), len(state.in_flight))
         self.resumed = {"from": str(folder), "step": state.step, "optimizer": digest,
                         "groups_restored": len(state.ready), "groups_reissued": len(state.in_flight)}
 
-    async def save_checkpoint(self, steps_done: int, elapsed_s: float) -> Path:
+    async def save_checkpoint(self, steps_done: int, elapsed_s: float,
+                              outcomes: dict[str, list[int]] | None = None) -> Path | None:
         """Capture the components now (no await between their states), then write the learner's and
-        the run's files while generation goes on."""
+        the run's files while generation goes on. A failed write (CheckpointWriteError: its temporary
+        folder removed, the older checkpoints intact) is logged and counted, and the run goes on: the
+        next due checkpoint tries again. Returns the folder written, or None."""
         snap: RunState = capture(steps_done, self.learner.version, self._components(), elapsed_s, self.kept,
-                                 self.max_stale_seen)
+                                 self.max_stale_seen, outcomes)
 
         def fill(folder: Path) -> None:
             self.learner.save_checkpoint(str(folder / "learner"))
             save_run_state(folder, snap)
 
         t0 = time.perf_counter()
-        where = await asyncio.to_thread(self.store.write, steps_done, fill)
+        try:
+            where = await asyncio.to_thread(self.store.write, steps_done, fill)
+        except CheckpointWriteError as exc:
+            self.checkpoint_failures.append(str(exc))
+            log.error("%s (training goes on; the next due checkpoint tries again)", exc)
+            return None
+        self.saved_step = steps_done
         log.info("checkpoint %s written in %.1fs", where, time.perf_counter() - t0)
         return where
+
+    async def _stop_here(self, outcomes: dict[str, list[int]] | None = None) -> None:
+        """A signal asked the run to stop: checkpoint the steps trained since the last one, then raise
+        RunStopped (exit status 128 + the signal's number) through the clean-up."""
+        # With no step since the last checkpoint, the positions dropped since are beyond what it
+        # accounts for (in flight or not yet issued when it was taken): a resume issues them again.
+        if self.step > self.saved_step:
+            await self.save_checkpoint(self.step, self.elapsed_before + time.perf_counter() - self.t_start, outcomes)
+        await self.sync.drain()  # the engines finish the push in flight (bounded by its deadline) before they stop
+        own = self.store.latest()
+        how = ("train.resume=auto" if own is not None or self.resumed is None  # else a branch that has none yet
+               else f"train.resume={self.resumed['from']}")
+        if self.saved_step == self.step:
+            log.warning("stopped by %s after step %d: %s; run the same command with %s to continue", self.stop.name,
+                        self.step, f"checkpoint {own or self.resumed['from']}" if self.step else "no step trained", how)
+        else:
+            log.error("stopped by %s after step %d without a checkpoint of it (see above); %s continues from %s",
+                      self.stop.name, self.step, how, own or (self.resumed or {}).get("from", "scratch"))
+        raise RunStopped(self.stop.signum)
+
+    async def _batch_or_stop(self, learner_version: int) -> BatchAssembly | None:
+        """The next batch, or None when a stop is requested while waiting for it. The wait is given up
+        only while it has dropped no stale group: the ids of those live in the pending call until it
+        returns (then the batch is awaited, trained, and the run stops after it)."""
+        dropped_before = self.buffer.stats()["groups_dropped_stale"]
+        get = asyncio.ensure_future(self.buffer.get_batch(learner_version))
+        stop = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait([get, stop], return_when=asyncio.FIRST_COMPLETED)
+            if get.done() or self.buffer.stats()["groups_dropped_stale"] != dropped_before:
+                return await get
+            return None
+        finally:
+            for task in (get, stop):
+                task.cancel()
+            await asyncio.gather(get, stop, return_exceptions=True)
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.cfg.train.checkpoint_every
@@ -239,8 +314,10 @@ class RLRun:
         try:
             for step in range(self.step, cfg.train.steps):
                 waited_from = time.perf_counter()
-                assembly = await unless_failed(buffer.get_batch(learner.version), fleet.failed, pool.failed,
+                assembly = await unless_failed(self._batch_or_stop(learner.version), fleet.failed, pool.failed,
                                                producer.failed)
+                if assembly is None:  # stopped while waiting: the drops since the last record go in the checkpoint
+                    await self._stop_here(_merged(self.carried, producer.take_outcomes()))
                 batch_wait_s = time.perf_counter() - waited_from  # the learner idle, waiting for episodes
                 # Advantages are left to the learner, which holds the critic and reference.
                 batch = TrainBatch.from_episodes(assembly.episodes, None, pad_id)
@@ -261,14 +338,15 @@ class RLRun:
                 rec.update(trained_staleness_max=trained_staleness, batch_wait_s=batch_wait_s, learner_call_s=learner_call_s)
                 rec.update(producer.metrics())
                 rec.update(engine_restarts=fleet.stats()["engine_restarts"], engine_version_min=fleet.version)
-                if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
+                if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0 and not self.stop.requested:
                     # Runs beside training episodes on whatever weights the engine serves right now.
                     rec["eval_score"] = (await self._evaluate()).score
                 self.max_stale_seen = max(self.max_stale_seen, trained_staleness)
                 # From here to the checkpoint's capture nothing awaits: every task position is accounted
                 # for once, in a record or in the checkpoint.
                 rec["tasks/trained"] = [g.group_id for g in assembly.groups]
-                dropped = producer.take_outcomes()
+                dropped = _merged(self.carried, producer.take_outcomes())  # a stopped run's drops go in first
+                self.carried = {}
                 sig = step_signal(assembly.groups, len(dropped.get("filtered", [])))
                 rec.update(signal_metrics(sig))
                 if warning := signal.observe(step, sig):
@@ -281,15 +359,20 @@ class RLRun:
                 if rollouts is not None:
                     rollouts.write(step, assembly.groups)
                 self.step = step + 1
-                if self._checkpoint_due(step):
+                if self._checkpoint_due(step) or (self.stop.requested and self.step > self.saved_step):
                     await self.save_checkpoint(step + 1, rec["elapsed_s"])  # generation goes on meanwhile
+                if self.stop.requested:
+                    await self._stop_here()
         finally:
             await producer.stop()
             producer_task.cancel()
             await asyncio.gather(producer_task, return_exceptions=True)
+        if self.stop.requested:  # during the last step: its checkpoint is written; the rest is for the resume
+            await self._stop_here()
         pushes = await sync.drain()
         return {"max_staleness_seen": self.max_stale_seen, "buffer": buffer.stats(),
-                "final_push_ok": all(p.ok for p in pushes), "learning_signal": signal.summary()}
+                "final_push_ok": all(p.ok for p in pushes), "learning_signal": signal.summary(),
+                "checkpoint_failures": self.checkpoint_failures}
 
     # -- cleanup ----------------------------------------------------------------------------------
 

@@ -1,120 +1,327 @@
-"""Chaos: the default job killed with SIGKILL at random moments and resumed each time, next to the same
-job run without interruption.
+"""Chaos: a fault table. A short job is hit by one fault per row, resumed with `train.resume=auto` until
+it finishes, and then accounted for task position by task position (`agentrl.checkpoint.audit`).
 
-    python bench/chaos_resume.py [--kills 5] [--seed 0] [--checkpoint-every 25] [--keep DIR] [--extra k=v ...]
+    python bench/chaos_resume.py [--trials 1] [--seed 0] [--model default] [--only SUBSTRING ...]
+                                 [--lock /tmp/agentrl-heavy.lock] [--keep DIR]
 
-Each kill is a real SIGKILL at a crash point (`agentrl.faults`): during generation (an episode has
-just finished while others are mid-generation), in a learner step (after the backward pass, before
-the optimizer step), in a weight push (the snapshot written, no engine has loaded it) or in a
-checkpoint write (every file in the temporary folder, not yet renamed). The points cycle through all
-four kinds, then repeat; the visit that kills is drawn at random over what the rest of the run would
-reach. After each kill the same command runs again with `train.resume=auto`; the last run finishes.
+Rows (each trial a fresh out_dir; a faulted run, then resumes until one exits 0, at most 3):
 
-Prints, for the interrupted run: the kills (where, when, the step it resumed from), tasks skipped,
-tasks duplicated, the largest staleness trained, and both runs' held-out scores (before and after RL)
-and wall-clock times.
+    kill -9 at <point>     AGENTRL_CRASH_AT=<point>:<n> (agentrl.faults), a real SIGKILL: startup,
+                           generation, learner_step, weight_push, checkpoint_write; n drawn per trial
+    SIGTERM at <point>     the same points with :TERM: the run stops at its next safe point with a
+                           checkpoint and exits 143
+    engine process killed  SIGKILL to the vLLM engine-core process once two steps are recorded
+    tool server killed     the calculator job's tool server (rewards.servers.tools) killed after two
+                           steps and started again 5 s later
+    verifier failing 60 %  every reward from rewards.servers.verifier --fail-rate 0.6 (with retries)
+    disk full at a checkpoint  AGENTRL_FAIL_AT=checkpoint_io:2: the second checkpoint write gets ENOSPC
+                           half-way (the run logs it and goes on; the next checkpoint is written)
+    stranger on the rendezvous port  every TCP port the run's processes listen on gets garbage from a
+                           stranger's connection, again and again while the run pushes weights
+
+`bench/_node_faults.py`, when present, adds its rows (`node_fault_rows(trials)`).
+
+Columns: trials; runs that ended by themselves (every process of the trial exited without the
+harness killing it for hanging, and the last one with 0); the faulted run's exit status; episodes
+lost (task positions below the final checkpoint's cursor that were neither trained, nor dropped and
+counted, nor waiting; times the group size) and duplicated; steps missing from or repeated in
+metrics.jsonl. Goal: 0 lost, 0 duplicated, every run ends by itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, progress, resolve_model, table
+from bench._common import ROOT, progress, resolve_model
 
-CONFIG = "examples/agents/guess_number.yaml"
-KINDS = ("generation", "learner_step", "weight_push", "checkpoint_write")
-
-
-def run_job(out: Path, model: str, crash_at: str | None, args: argparse.Namespace) -> tuple[int, float, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
-    env.pop("AGENTRL_CRASH_AT", None)
-    if crash_at:
-        env["AGENTRL_CRASH_AT"] = crash_at
-    cmd = [sys.executable, "-m", "agentrl.train", "--config", CONFIG, f"model.path={model}",
-           f"train.out_dir={out}", "train.resume=auto", f"train.checkpoint_every={args.checkpoint_every}",
-           "train.save_rollouts=true", "train.loggers=[jsonl,tensorboard]", *args.extra]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode not in (0, -9):
-        raise SystemExit(f"run failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc.returncode, time.perf_counter() - t0, proc.stdout + proc.stderr
+STEPS, EVERY, GROUP = 6, 2, 4
+RUN_TIMEOUT_S = 420
+POINTS = ("startup", "generation", "learner_step", "weight_push", "checkpoint_write")
 
 
-def steps_done(out: Path) -> int:
+def job(model: str, out: Path, config: str = "examples/agents/arithmetic.yaml") -> list[str]:
+    return [sys.executable, "-m", "agentrl.train", "--config", config, f"model.path={model}", f"train.out_dir={out}",
+            "train.resume=auto", f"train.steps={STEPS}", f"train.checkpoint_every={EVERY}", "train.checkpoint_keep=0",
+            "train.eval_before=false", "train.eval_after=false", "train.save_model=false", "buffer.batch_size=16",
+            f"rollout.n_samples={GROUP}", "buffer.max_staleness=1", "data.eval_tasks=8"]
+
+
+@dataclass
+class Trial:
+    by_itself: bool
+    first_rc: int | None
+    lost: int = 0  # episodes
+    duplicated: int = 0
+    steps_missing: int = 0
+    steps_repeated: int = 0
+    note: str = ""
+
+
+@dataclass
+class Fault:
+    """One row: how to run the faulted job (`extra` overrides, `env`, a `during` action on its process)."""
+
+    name: str
+    env: Callable[[random.Random], dict[str, str]] = lambda rng: {}
+    extra: list[str] = field(default_factory=list)
+    during: Callable[[subprocess.Popen, Path], None] | None = None
+    config: str = "examples/agents/arithmetic.yaml"
+    server: Callable[[], contextlib.AbstractContextManager] | None = None
+
+
+def launch(cmd: list[str], env: dict[str, str], log: Path, out: Path,
+           during: Callable[[subprocess.Popen, Path], None] | None) -> tuple[int | None, bool]:
+    """(exit status, ended by itself): None and False when it hung past RUN_TIMEOUT_S and was killed."""
+    with log.open("a") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        if during is not None:
+            threading.Thread(target=during, args=(proc, out), daemon=True).start()
+        try:
+            return proc.wait(timeout=RUN_TIMEOUT_S), True
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return None, False
+
+
+def records(out: Path) -> list[dict]:
     path = out / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return sum(1 for line in lines if line.endswith("}"))
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            rows.append(json.loads(line))
+    return rows
 
 
-def draw_visit(kind: str, steps_left: int, args: argparse.Namespace, rng: random.Random) -> int:
-    """The visit of `kind` that kills, drawn over what the rest of the run reaches (about)."""
-    reach = {"generation": steps_left * args.episodes_per_step, "learner_step": steps_left,
-             "weight_push": steps_left, "checkpoint_write": max(steps_left // args.checkpoint_every, 1)}[kind]
-    return rng.randint(1, max(int(reach * 0.8), 1))
+def wait_steps(proc: subprocess.Popen, out: Path, n: int) -> bool:
+    while proc.poll() is None:
+        if len(records(out)) >= n:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def account(out: Path) -> Trial:
+    from agentrl.checkpoint import audit
+
+    trial = Trial(True, None)
+    try:
+        report = audit(out)
+    except Exception as exc:  # no checkpoint at all: everything trained is unaccounted
+        trial.note = f"no audit: {exc}"
+        trial.lost = sum(len(r.get("tasks/trained", [])) for r in records(out)) * GROUP
+        return trial
+    steps = [r["step"] for r in records(out)]
+    trial.lost, trial.duplicated = len(report["skipped"]) * GROUP, len(report["duplicated"]) * GROUP
+    trial.steps_missing = len(set(range(STEPS)) - set(steps))
+    trial.steps_repeated = len(steps) - len(set(steps))
+    return trial
+
+
+def run_trial(fault: Fault, model: str, base: Path, rng: random.Random) -> Trial:
+    out = base / "out"
+    log = base / "log.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
+    for var in ("AGENTRL_CRASH_AT", "AGENTRL_FAIL_AT"):
+        env.pop(var, None)
+    with (fault.server() if fault.server else contextlib.nullcontext()) as server_extra:
+        cmd = job(model, out, fault.config) + fault.extra + list(server_extra or [])
+        first, alone = launch(cmd, {**env, **fault.env(rng)}, log, out, fault.during)
+        rc, runs = first, 1
+        while alone and rc != 0 and runs < 4:
+            rc, alone = launch(cmd, env, log, out, None)
+            runs += 1
+    trial = account(out)
+    trial.first_rc, trial.by_itself = first, alone and rc == 0
+    if not trial.by_itself:
+        trial.note = (trial.note + f" last exit {rc}; log {log}").strip()
+    return trial
+
+
+# -- the faults ----------------------------------------------------------------------------------------
+
+def _visit(point: str, rng: random.Random) -> int:
+    return {"startup": 1, "generation": rng.randint(1, STEPS * 16 // 2), "learner_step": rng.randint(2, STEPS - 1),
+            "weight_push": rng.randint(2, STEPS - 1), "checkpoint_write": rng.randint(1, STEPS // EVERY - 1)}[point]
+
+
+def _descendants(pid: int):
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    return []
+
+
+def kill_engine(proc: subprocess.Popen, out: Path) -> None:
+    if not wait_steps(proc, out, 2):
+        return
+    for p in _descendants(proc.pid):
+        with contextlib.suppress(Exception):
+            if "EngineCore" in p.name() or any("EngineCore" in part for part in p.cmdline()):
+                p.kill()
+                return
+
+
+def stranger(proc: subprocess.Popen, out: Path) -> None:
+    """Connect to every port the run listens on and write garbage, until it exits."""
+    if not wait_steps(proc, out, 1):
+        return
+    junk = random.Random(0).randbytes(4096)
+    while proc.poll() is None:
+        ports = set()
+        for p in _descendants(proc.pid):
+            with contextlib.suppress(Exception):
+                ports |= {c.laddr.port for c in p.net_connections(kind="tcp") if c.status == "LISTEN"}
+        for port in ports:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(junk)
+        time.sleep(0.5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _server(module: str, port: int, *args: str):
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.3)
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class ToolServer:
+    """The calculator job's tool server, killed mid-run and started again."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.stack = contextlib.ExitStack()
+        with self.stack:
+            self.stack.enter_context(_server("rewards.servers.tools", self.port))
+            yield [f"tools.servers.calculator.url=http://127.0.0.1:{self.port}"]
+
+    def kill_and_restart(self, proc: subprocess.Popen, out: Path) -> None:
+        if not wait_steps(proc, out, 2):
+            return
+        self.stack.close()  # kills it
+        time.sleep(5)
+        self.stack.enter_context(_server("rewards.servers.tools", self.port))
+
+
+@contextlib.contextmanager
+def flaky_verifier():
+    port = _free_port()
+    with _server("rewards.servers.verifier", port, "--fail-rate", "0.6"):
+        yield [f"rewards.sources=[{{name: verifier, type: http, http: {{url: 'http://127.0.0.1:{port}/verify', "
+               f"max_retries: 6, backoff_base_s: 0.05}}}}]"]
+
+
+def faults() -> list[Fault]:
+    rows = [Fault(f"kill -9 at {p}", env=lambda rng, p=p: {"AGENTRL_CRASH_AT": f"{p}:{_visit(p, rng)}"})
+            for p in POINTS]
+    rows += [Fault(f"SIGTERM at {p}", env=lambda rng, p=p: {"AGENTRL_CRASH_AT": f"{p}:{_visit(p, rng)}:TERM"})
+             for p in POINTS]
+    tools = ToolServer()
+    rows += [Fault("engine process killed", during=kill_engine),
+             Fault("tool server killed", during=tools.kill_and_restart, config="examples/agents/calculator.yaml",
+                   server=tools),
+             Fault("verifier failing 60 %", server=flaky_verifier),
+             Fault("disk full at a checkpoint", env=lambda rng: {"AGENTRL_FAIL_AT": "checkpoint_io:2"}),
+             Fault("stranger on the rendezvous port", during=stranger)]
+    return rows
+
+
+def row(name: str, trials: list[Trial]) -> dict:
+    return {"fault": name, "trials": len(trials), "ended by itself": sum(t.by_itself for t in trials),
+            "first exit": ",".join(str(t.first_rc) for t in trials),
+            "episodes lost": sum(t.lost for t in trials), "episodes duplicated": sum(t.duplicated for t in trials),
+            "steps lost": sum(t.steps_missing for t in trials), "steps duplicated": sum(t.steps_repeated for t in trials),
+            "note": "; ".join(t.note for t in trials if t.note)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
-    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=400, help="train.steps of the default job")
-    ap.add_argument("--checkpoint-every", type=int, default=25)
-    ap.add_argument("--episodes-per-step", type=int, default=64, help="the job's buffer.batch_size")
-    ap.add_argument("--extra", nargs="*", default=[], help="more dotted overrides for every run")
-    ap.add_argument("--keep", help="keep both runs' folders here (chaos/, plain/) instead of a temp folder")
+    ap.add_argument("--only", nargs="*", default=[], help="run only the rows whose name contains one of these")
+    ap.add_argument("--lock", help="hold this file's lock (flock) during each trial, as the test suite's heavy jobs do")
+    ap.add_argument("--keep", help="keep every trial's folder here instead of a temporary folder")
     args = ap.parse_args()
-    args.extra = [f"train.steps={args.steps}", *args.extra]
     model, rng = resolve_model(args.model), random.Random(args.seed)
-
+    chosen = [f for f in faults() if not args.only or any(s in f.name for s in args.only)]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(args.keep or tmp)
-        chaos, plain = base / "chaos", base / "plain"
-        kills, chaos_s = [], 0.0
-        for i in range(args.kills + 1):
-            crash_at = None
-            if i < args.kills:
-                kind = KINDS[i % len(KINDS)]
-                crash_at = f"{kind}:{draw_visit(kind, args.steps - steps_done(chaos), args, rng)}"
-            progress(f"chaos run {i + 1}: " + (f"killed at {crash_at}" if crash_at else "to the end"))
-            rc, seconds, log = run_job(chaos, model, crash_at, args)
-            chaos_s += seconds
-            resumed = next((line.split("resumed from ")[1].split(":")[0] for line in log.splitlines()
-                            if "resumed from " in line), "fresh start")
-            if crash_at:
-                kills.append([crash_at, "killed" if rc == -9 else "finished first", Path(resumed).name,
-                              steps_done(chaos), f"{seconds:.0f} s"])
-            if rc == 0:
-                break
-        progress("uninterrupted run")
-        _, plain_s, _ = run_job(plain, model, None, args)
+        for i, fault in enumerate(chosen):
+            trials = []
+            for t in range(args.trials):
+                folder = base / f"{i:02d}-{t}"
+                folder.mkdir(parents=True, exist_ok=True)
+                progress(f"{fault.name}: trial {t + 1}/{args.trials}")
+                with _locked(args.lock):
+                    trials.append(run_trial(fault, model, folder, rng))
+            rows.append(row(fault.name, trials))
+            progress(markdown(rows[-1:]).splitlines()[-1])  # each row as it is done
+    with contextlib.suppress(ImportError):
+        from bench._node_faults import node_fault_rows  # another helper's rows (several nodes)
 
-        from agentrl.checkpoint import audit
+        rows += node_fault_rows(args.trials)
+    print(markdown(rows))
 
-        report = audit(chaos)
-        runs = {name: json.loads((out / "summary.json").read_text()) for name, out in (("chaos", chaos),
-                                                                                     ("plain", plain))}
-    print(table(["crash point:visit", "outcome", "resumed from", "records after", "run time"], kills,
-                f"\nChaos: {len(kills)} kills of the default job ({args.steps} steps, a checkpoint every "
-                f"{args.checkpoint_every})"))
-    print(f"\n  task positions (one group each): {report['cursor']} issued, {report['trained']} trained, "
-          f"{report['dropped']} dropped and counted, {report['pending']} waiting or in flight at the end")
-    print(f"  tasks skipped: {len(report['skipped'])}   tasks duplicated: {len(report['duplicated'])}   "
-          f"max trained staleness: {report['max_trained_staleness']} (bound "
-          f"{runs['chaos']['config']['buffer']['max_staleness']})")
-    rows = [[name, f"{s['eval_before']['score']:.3f}", f"{s['eval_after']['score']:.3f}", f"{secs:.0f} s"]
-            for (name, s), secs in zip(runs.items(), (chaos_s, plain_s))]
-    print(table(["run", "held-out, warm start", "held-out, after RL", "wall-clock (all runs)"], rows, ""))
+
+@contextlib.contextmanager
+def _locked(path: str | None):
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def markdown(rows: list[dict]) -> str:
+    heads = ["fault", "trials", "ended by itself", "first exit", "episodes lost", "episodes duplicated", "steps lost",
+             "steps duplicated", "note"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
+    lines += ["| " + " | ".join(str(r.get(h, "")) for h in heads) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -48,8 +48,11 @@ def _state(step: int) -> RunState:
 
 def _fill(step: int):
     def fill(folder: Path) -> None:
+        from agentrl.learner.state import save_state
+
         (folder / "learner").mkdir()
         (folder / "learner" / "weights.bin").write_bytes(bytes([step]) * 1000)
+        save_state({"version": step}, folder / "learner")
         save_run_state(folder, _state(step))
     return fill
 
@@ -76,7 +79,7 @@ def test_a_checkpoint_cut_off_mid_write_is_ignored(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == -9, proc.stderr
     ckpts = out / "checkpoints"
-    assert (ckpts / ".tmp-step_4" / "learner" / "weights.bin").is_file()  # the cut-off write
+    assert (ckpts / ".tmp-step_4" / "learner" / "weights.bin").is_file()  # the cut-off write (killed: no clean-up)
     assert not (ckpts / "step_4").exists()
     store = CheckpointStore(out)
     assert store.latest() == ckpts / "step_2"
@@ -104,18 +107,33 @@ def test_a_checkpoint_cut_off_mid_write_is_ignored(tmp_path):
     assert (ckpts / "step_4" / "learner" / "weights.bin").read_bytes() == bytes([4]) * 1000
 
 
-def test_keep_prunes_oldest_and_discard_after_abandons_newer(tmp_path):
-    store = CheckpointStore(tmp_path, keep=2)
+def test_keep_prunes_oldest_and_a_rollback_sets_newer_aside(tmp_path, caplog):
+    store = CheckpointStore(tmp_path, keep=3)
     for step in (1, 2, 3, 4):
         store.write(step, _fill(step))
-    assert [p.name for p in store.complete()] == ["step_3", "step_4"]
-    store.discard_after(3)  # a run resumed from step 3 abandons step 4
-    assert store.latest() == tmp_path / "checkpoints" / "step_3"
+    assert [p.name for p in store.complete()] == ["step_2", "step_3", "step_4"]
+    assert not (tmp_path / "checkpoints" / "step_1").exists()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    before = (tmp_path / "checkpoints" / "step_4" / "learner" / "weights.bin").read_bytes()
+    with caplog.at_level("WARNING"):
+        aside = store.set_aside_after(2)  # a run resumed from step 2 abandons steps 3 and 4
+    assert store.latest() == tmp_path / "checkpoints" / "step_2"
+    assert aside is not None and aside.parent == tmp_path / "checkpoints" and aside.name.startswith("abandoned-")
+    assert sorted(p.name for p in aside.iterdir()) == ["metrics.jsonl", "step_3", "step_4"]
+    assert (aside / "step_4" / "learner" / "weights.bin").read_bytes() == before  # kept, not deleted
+    assert "step_3, step_4" in caplog.text and str(aside) in caplog.text
+    rows = [json.loads(line) for line in (tmp_path / "checkpoints" / "manifest.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]  # `auto` can never jump forward to them
+    assert not (tmp_path / "checkpoints" / "step_4").exists()
+    # the resumed run cuts its metrics back (atomic_write: a new file); the link keeps the old rows
+    from agentrl.files import restart_jsonl_at
+
+    restart_jsonl_at(tmp_path / "metrics.jsonl", 2)
+    assert (tmp_path / "metrics.jsonl").read_text().count("step") == 2
+    assert (aside / "metrics.jsonl").read_text().count("step") == 4
+    assert store.set_aside_after(2) is None  # nothing newer: nothing moves
     assert resolve_resume(None, tmp_path) is None
     assert resolve_resume("auto", tmp_path / "elsewhere") is None  # no checkpoint yet: a fresh start
-    rows = [json.loads(line) for line in (tmp_path / "checkpoints" / "manifest.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    assert not (tmp_path / "checkpoints" / "step_4" / DRIVER_FILE).exists()
 
 
 # -- buffer and producer accounting ------------------------------------------------------------------
