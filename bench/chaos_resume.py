@@ -319,6 +319,8 @@ def _locked(path: str | None):
 def markdown(rows: list[dict]) -> str:
     heads = ["fault", "trials", "ended by itself", "first exit", "episodes lost", "episodes duplicated", "steps lost",
              "steps duplicated", "note"]
+    for r in rows:  # columns of other rows' own (bench/_node_faults.py) after these
+        heads += [k for k in r if k not in heads]
     lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
     lines += ["| " + " | ".join(str(r.get(h, "")) for h in heads) + " |" for r in rows]
     return "\n".join(lines)

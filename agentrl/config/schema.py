@@ -272,10 +272,13 @@ class TrainConfig(_Base):
     save_model: bool = Field(True, description="save the trained model as a Hugging Face folder")
     seed: int = Field(0, ge=0, description="learner seed")
     checkpoint_every: int = Field(100, ge=0, description="write a resumable checkpoint under "
-                                  "<out_dir>/checkpoints/step_N every N learner steps and at the end (0 = never)")
+                                  "<out_dir>/checkpoints/step_N every N learner steps and at the end (0 = none on "
+                                  "a schedule; SIGTERM/SIGINT still write one)")
     checkpoint_keep: int = Field(2, ge=0, description="complete checkpoints kept on disk, newest first (0 = all)")
     resume: str | None = Field(None, description="'auto' (the newest complete checkpoint in out_dir, or a fresh "
-                                                 "start when there is none) or a checkpoint folder")
+                                                 "start when there is none) or a checkpoint folder; another run's checkpoint is "
+                                                 "only read, a rollback within out_dir moves the later "
+                                                 "checkpoints to checkpoints/abandoned-<time>/")
     loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
         default_factory=lambda: ["jsonl"], description="metric sinks; metrics.jsonl is always written (resume "
                                                        "and the end-of-run plot read it)")
