@@ -25,7 +25,7 @@ from agentrl.default_model import build_tokenizer  # noqa: E402
 # of them alone. (xdist's own `--dist loadgroup` marks no longer reach the scheduler under pytest 9.)
 RAY_MODULES = ("test_e2e_cluster", "test_ray_learner", "test_e2e_multinode")
 LONGEST_FIRST = ("ray", "test_docs", "test_e2e", "test_e2e_algos", "test_e2e_resume", "test_e2e_tools",
-                 "test_startup_errors", "test_collective_weights", "test_e2e_failures")
+                 "test_startup_errors", "test_collective_weights", "test_e2e_failures", "test_cold_cli")
 
 
 def worker_index() -> int | None:
