@@ -28,7 +28,6 @@ class ClusterError(RuntimeError):
     """The cluster cannot be reached, or cannot hold what the run asks for."""
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def needed(cfg: ClusterConfig) -> dict[str, float]:
@@ -60,7 +59,9 @@ def start_local(cpus: int, runtime_env: dict, bind_host: str, custom: dict[str, 
     node offers the `custom` resources the run's actors ask for."""
     import ray
 
-    loopback = bind_host in LOOPBACK
+    from agentrl.collective import is_loopback
+
+    loopback = is_loopback(bind_host)
     with _node_ip_as_given() if loopback else contextlib.nullcontext():
         # address="local": a new Ray of our own, even when `ray start` left a cluster running here
         ray.init(address="local", num_cpus=cpus, resources=custom or None, include_dashboard=False,

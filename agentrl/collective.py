@@ -168,13 +168,13 @@ def is_loopback(host: str) -> bool:
 
 
 def keep_gloo_on_loopback() -> None:
-    """GLOO_SOCKET_IFNAME=lo for this process and the ones it starts from now on. gloo's default device
-    listens on the address the hostname resolves to (a LAN address on many machines), or on this
-    variable's interface, in every group made without a device of its own: a one-process learner's
-    (agentrl.learner.dist), vLLM's own groups among one engine's workers. Their peers are all on this
-    node (agentrl never spreads one engine or a one-rank learner over nodes), so loopback it is,
-    whatever the variable said. agentrl's groups that may span nodes name their device (`_gloo_group`)."""
+    """GLOO_SOCKET_IFNAME=lo for this process and those it starts: gloo's default device listens on the
+    hostname's address (a LAN one on many machines) in every group made without a device of its own: a
+    one-process learner's, vLLM's among one engine's workers, whose peers are all on this node. Groups
+    that may span nodes name their device (`_gloo_group`). NCCL reads its interface once, at a
+    process's first communicator (DeepSpeed's): lo too, unless set."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 def new_key() -> bytes:

@@ -301,8 +301,9 @@ class ServerConfig(_Base):
                                    f"(ps shows it). Written out as ********** everywhere")
     model_name: str = Field("agentrl", min_length=1, description="the model id /v1/models lists and responses name")
     # Memory is bounded by max_sessions x session_max_tokens (about 100 bytes a ledger token), so both are finite.
-    max_sessions: int = Field(4096, ge=1, description="open sessions at once, training episodes' included; more "
-                              "is a 429 (too_many_sessions); idle HTTP-opened sessions expire")
+    max_sessions: int = Field(4096, ge=1, description="sessions clients may hold open at once over HTTP (POST "
+                              "/sessions); more is a 429 (too_many_sessions); idle ones expire. Training "
+                              "episodes' sessions are bounded by rollout.max_concurrency instead")
     session_idle_timeout_s: float = Field(600.0, gt=0, le=604_800, description="a session opened over HTTP (POST "
                                           "/sessions, agentrl.serve) with no request for this long is closed and its "
                                           "ledger dropped (swept every quarter of it, at most 30 s); a training "

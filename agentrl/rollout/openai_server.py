@@ -128,16 +128,15 @@ class OpenAIServer:
         import openai
 
         if self._client is None:
-            key = bounds.secret(self.cfg.api_key) or "agentrl"
+            key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None) or "agentrl"
             self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
         return self._client.with_options(base_url=base_url, timeout=timeout_s)
 
     # -- sessions ------------------------------------------------------------------------------------
 
     def open_session(self, engine: Any, episode: Episode, limits: Limits | None = None) -> Session:
-        """A session whose ledger is `episode`, generating on `engine`; its base URL is `session.base_url`."""
-        if len(self.sessions) >= self.cfg.max_sessions:
-            raise bounds.too_many_sessions(len(self.sessions), self.cfg)
+        """A session whose ledger is `episode`, generating on `engine`; its base URL is `session.base_url`.
+        Training episodes' sessions are bounded by `rollout.max_concurrency`, not by the HTTP cap (`_open`)."""
         sid = uuid.uuid4().hex
         session = Session(sid, self.fmt, engine, episode, limits or self.limits, self.tool_format,
                           self.counters)
@@ -167,7 +166,7 @@ class OpenAIServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        key = bounds.secret(self.cfg.api_key)
+        key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None)
         if key is not None:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
@@ -203,6 +202,9 @@ class OpenAIServer:
     async def _open(self, request: web.Request) -> web.Response:
         if self.engine is None:
             raise ProtocolError("this server opens sessions only for its own episodes", None, 403)
+        opened = sum(s.expires for s in self.sessions.values())  # those a client opened over HTTP
+        if opened >= self.cfg.max_sessions:
+            raise bounds.too_many_sessions(opened, self.cfg)
         session = self.open_session(self.engine, Episode(task_id="http", group_id=-1),
                                     bounds.http_limits(self.limits, self.cfg))
         session.expires = True

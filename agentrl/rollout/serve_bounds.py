@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from dataclasses import replace
-from typing import Any
 
 from agentrl.config import ServerConfig
 from agentrl.http_common import internal_error
@@ -21,11 +21,6 @@ from agentrl.rollout.openai_protocol import ProtocolError
 from agentrl.rollout.session import Limits, Session
 
 log = logging.getLogger("agentrl.rollout.openai_server")
-
-
-def secret(value: Any) -> str | None:
-    """The plain text of `server.api_key`: a pydantic SecretStr, or a str."""
-    return value.get_secret_value() if hasattr(value, "get_secret_value") else value
 
 
 def with_deadline(limits: Limits, cfg: ServerConfig) -> Limits:
@@ -75,7 +70,12 @@ def public(exc: ProtocolError, what: str) -> ProtocolError:
     if exc.status < 500:
         return exc
     detail = getattr(exc, "detail", None)
-    eid = internal_error(log, f"{what}: {exc}" + (f" ({detail})" if detail else ""), exc.__cause__ or exc)
+    text = f"{what}: {exc}" + (f" ({detail})" if detail else "")
+    if exc.status == 500:  # a bug: the traceback goes to the log
+        eid = internal_error(log, text, exc.__cause__ or exc)
+    else:  # 502-504, an engine's error or a deadline: an episode status in training, one line in the log
+        eid = uuid.uuid4().hex[:16]
+        log.warning("%s (error id %s)", text, eid)
     return ProtocolError(f"{exc} (error id {eid}; the server's log has the details)", exc.param, exc.status,
                          exc.code, exc.kind)
 
