@@ -371,19 +371,18 @@ def test_a_ray_engine_dies_only_of_its_own_actor_error():
 
 
 def test_engines_and_ranks_ask_for_the_custom_resources_that_place_them():
-    """cluster.engine_resources / learner_resources (read with getattr until the config has them) go
-    into each actor's options and into what the cluster must hold; engines spread over nodes."""
-    from types import SimpleNamespace
-
+    """cluster.engine_resources / learner_resources go into each actor's options and into what the
+    cluster must hold; engines spread over nodes."""
     from agentrl.cluster import needed
+    from agentrl.config import ClusterConfig
     from agentrl.rollout.ray_engine import actor_options
 
-    cluster = SimpleNamespace(engines=2, engine_num_cpus=1.0, engine_num_gpus=0.0, learner_ranks=3,
-                              learner_num_cpus=2.0, learner_num_gpus=0.0, engine_resources={"engine_node": 1},
-                              learner_resources={"learner_node": 0.5})
+    cluster = ClusterConfig(backend="ray", engines=2, engine_num_cpus=1.0, engine_num_gpus=0.0, learner_ranks=3,
+                            learner_num_cpus=2.0, learner_num_gpus=0.0, engine_resources={"engine_node": 1},
+                            learner_resources={"learner_node": 0.5})
     assert needed(cluster) == {"CPU": 8.0, "GPU": 0.0, "engine_node": 2.0, "learner_node": 1.5}
     opts = actor_options(cluster, 1, frozenset())
     assert opts["resources"] == {"engine_node": 1} and opts["scheduling_strategy"] == "SPREAD"
     assert opts["runtime_env"] == {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
-    del cluster.engine_resources, cluster.learner_resources  # a config without the keys: nothing asked
+    cluster.engine_resources, cluster.learner_resources = {}, {}  # none asked for: nothing asked
     assert needed(cluster) == {"CPU": 8.0, "GPU": 0.0} and "resources" not in actor_options(cluster, 0, frozenset())
