@@ -90,6 +90,26 @@ def token_auth_on() -> bool:
     return is_token_auth_enabled()
 
 
+def network_env(cfg: ClusterConfig) -> dict[str, str]:
+    """The interface every actor's gloo and NCCL listen on for the groups agentrl does not bind itself
+    (DeepSpeed's, vLLM's among an engine's workers). NCCL reads it once per process, for all the
+    process's communicators, so it is set where the process starts: `cluster.interface` when given
+    (checked on this node first: a typo is a start-up error naming the interfaces there are, not a
+    hang at the first collective); lo for a Ray of our own on loopback (every node is this machine);
+    else NCCL's own choice, which can reach other nodes."""
+    from agentrl.collective import interface_address, is_loopback
+
+    if cfg.interface:
+        try:
+            interface_address(cfg.interface)
+        except ValueError as exc:
+            raise ClusterError(f"cluster.interface: {exc}") from None
+        return {"GLOO_SOCKET_IFNAME": cfg.interface, "NCCL_SOCKET_IFNAME": cfg.interface}
+    if cfg.address is None and is_loopback(cfg.bind_host):
+        return {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    return {}
+
+
 def connect(cfg: ClusterConfig) -> None:
     """ray.init for this run (once per process). A local Ray gets as many logical CPUs as the run
     reserves, at least the machine's: Ray's CPUs are scheduling tokens, not pinned cores."""
@@ -98,7 +118,7 @@ def connect(cfg: ClusterConfig) -> None:
     if ray.is_initialized():
         return
     env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
-                        "TOKENIZERS_PARALLELISM": "false"}}
+                        "TOKENIZERS_PARALLELISM": "false", **network_env(cfg)}}
     want = needed(cfg)
     if cfg.address is None:
         from agentrl.learner.dist import usable_cores

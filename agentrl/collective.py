@@ -171,10 +171,10 @@ def keep_gloo_on_loopback() -> None:
     """GLOO_SOCKET_IFNAME=lo for this process and those it starts: gloo's default device listens on the
     hostname's address (a LAN one on many machines) in every group made without a device of its own: a
     one-process learner's, vLLM's among one engine's workers, whose peers are all on this node. Groups
-    that may span nodes name their device (`_gloo_group`). NCCL reads its interface once, at a
-    process's first communicator (DeepSpeed's): lo too, unless set."""
+    that may span nodes name their device (`_gloo_group`). NCCL is not set here: it reads its
+    interface once per process, for every communicator the process will have, so it is chosen where the
+    run knows where all its peers are (`nccl_interface`), not by the first group made."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 def new_key() -> bytes:

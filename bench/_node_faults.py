@@ -9,6 +9,8 @@ engines through the collective path. Each trial removes a node with SIGKILL (no 
 at random, on a fresh cluster:
 
 - engine node removed: E1 goes; the run must finish by itself (its engine restarted on E2).
+- engine node removed, none to hold it: E2 offers one `engine_node` only, so E1's engine has nowhere to
+  go; the run must finish by itself on the one engine left, saying it goes on with fewer.
 - learner node removed: L goes; the run must end by itself (exit 1, LearnerRankDied naming
   train.resume=auto) within the bound, then the same command with train.resume=auto (the learner on
   the head) must finish it.
@@ -33,11 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import ROOT, progress, resolve_model
 
 CONFIG = "examples/agents/guess_number.yaml"
-FAULTS = ("engine node removed", "learner node removed")
+FAULTS = ("engine node removed", "engine node removed, none to hold it", "learner node removed")
 END_BOUND_S = 600  # a run that has not ended this long after the fault did not end by itself
 ARGS = ("train.checkpoint_every=1", "train.eval_before=false", "data.eval_tasks=16", "buffer.batch_size=16",
         "rollout.n_samples=4", "buffer.max_staleness=1000", "cluster.backend=ray", "cluster.engines=2",
-        "weight_sync.transport=collective", "cluster.engine_resources={engine_node: 1}")
+        "weight_sync.transport=collective", "cluster.engine_resources={engine_node: 1}",
+        "cluster.interface=lo")  # every node is this host: lo is the interface the nodes reach each other on
 
 
 class Run:
@@ -82,7 +85,8 @@ class Run:
         return [line.rstrip() for line in self.lines if any(t in line for t in texts)]
 
 
-def start_cluster():
+def start_cluster(spare: int = 1):
+    """A head and nodes L, E1 (one engine) and E2 (one engine and `spare` more)."""
     from ray._private.authentication.authentication_token_setup import (enable_token_auth_by_default,
                                                                         ensure_token_if_auth_enabled)
     from ray.cluster_utils import Cluster
@@ -92,7 +96,7 @@ def start_cluster():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     nodes = {"L": cluster.add_node(num_cpus=1, resources={"learner_node": 1}),
              "E1": cluster.add_node(num_cpus=1, resources={"engine_node": 1}),
-             "E2": cluster.add_node(num_cpus=2, resources={"engine_node": 2})}
+             "E2": cluster.add_node(num_cpus=1 + spare, resources={"engine_node": 1 + spare})}
     return cluster, nodes
 
 
@@ -100,7 +104,7 @@ def one_trial(fault: str, model: str, steps: int, kill_at: int, out: Path) -> di
     """One run with `fault` at step `kill_at`: whether it ended by itself, and the audit of its folder."""
     from agentrl.checkpoint import audit
 
-    cluster, nodes = start_cluster()
+    cluster, nodes = start_cluster(spare=0 if "none to hold" in fault else 1)
     try:
         address = f"cluster.address={cluster.address}"
         run = Run(out, model, address, f"train.steps={steps}", "cluster.learner_resources={learner_node: 1}")
@@ -108,9 +112,9 @@ def one_trial(fault: str, model: str, steps: int, kill_at: int, out: Path) -> di
             raise RuntimeError("the run ended before the fault:\n" + "".join(run.lines)[-4000:])
         cluster.remove_node(nodes.pop("E1" if fault.startswith("engine") else "L"), allow_graceful=False)
         code = run.end()
-        said = run.said("died", "restarted in", "run failed")
+        said = run.said("died", "restarted in", "run failed", "going on with")
         if fault.startswith("engine"):
-            ended = code == 0
+            ended = code == 0 and ("none to hold" not in fault or any("going on with 1 of 2" in x for x in said))
         else:
             ended = code == 1 and any("LearnerRankDied" in line for line in said)
             again = Run(out, model, address, f"train.steps={steps}", "cluster.learner_resources={}",
@@ -123,13 +127,14 @@ def one_trial(fault: str, model: str, steps: int, kill_at: int, out: Path) -> di
     return {"ended": ended, "report": report, "said": said}
 
 
-def node_fault_rows(trials: int, model: str = "default", steps: int = 30, seed: int = 0) -> list[dict]:
-    """One row per node fault over `trials` runs each: {fault, trials, ended_by_itself, episodes_lost,
-    episodes_duplicated, steps_lost, steps_duplicated} (the run's own log lines of each fault are printed)."""
+def node_fault_rows(trials: int, model: str = "default", steps: int = 30, seed: int = 0,
+                    only: tuple[str, ...] = ()) -> list[dict]:
+    """One row per node fault (those whose name contains one of `only`, all when empty) over `trials`
+    runs each, in bench/chaos_resume.py's columns (the run's own log lines of each fault are printed)."""
     model, rng, rows = resolve_model(model), random.Random(seed), []
-    for fault in FAULTS:
-        row = {"fault": fault, "trials": trials, "ended_by_itself": 0, "episodes_lost": 0, "episodes_duplicated": 0,
-               "steps_lost": 0, "steps_duplicated": 0}
+    for fault in [f for f in FAULTS if not only or any(o in f for o in only)]:
+        row = {"fault": fault, "trials": trials, "ended by itself": 0, "episodes lost": 0, "episodes duplicated": 0,
+               "steps lost": 0, "steps duplicated": 0}
         for trial in range(trials):
             kill_at = rng.randint(2, steps // 3)
             progress(f"{fault}, trial {trial + 1}/{trials}: at step {kill_at}")
@@ -137,15 +142,15 @@ def node_fault_rows(trials: int, model: str = "default", steps: int = 30, seed: 
                 got = one_trial(fault, model, steps, kill_at, Path(tmp) / "run")
             print("\n".join(f"    {line}" for line in got["said"]), file=sys.stderr)
             report = got["report"]
-            row["ended_by_itself"] += got["ended"]
-            row["episodes_lost"] += len(report["skipped"])
-            row["episodes_duplicated"] += len(report["duplicated"])
-            row["steps_lost"] += len(report.get("steps_missing", []))
-            row["steps_duplicated"] += len(report.get("steps_repeated", []))
+            row["ended by itself"] += got["ended"]
+            row["episodes lost"] += len(report["skipped"])
+            row["episodes duplicated"] += len(report["duplicated"])
+            row["steps lost"] += len(report.get("steps_missing", []))
+            row["steps duplicated"] += len(report.get("steps_repeated", []))
         rows.append(row)
     return rows
 
 
 if __name__ == "__main__":
-    for r in node_fault_rows(int(sys.argv[1]) if len(sys.argv) > 1 else 1):
+    for r in node_fault_rows(int(sys.argv[1]) if len(sys.argv) > 1 else 1, only=tuple(sys.argv[2:])):
         print(r)

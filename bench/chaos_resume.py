@@ -299,7 +299,8 @@ def main() -> None:
     with contextlib.suppress(ImportError):
         from bench._node_faults import node_fault_rows  # another helper's rows (several nodes)
 
-        rows += node_fault_rows(args.trials)
+        with _locked(args.lock):
+            rows += node_fault_rows(args.trials, args.model, seed=args.seed, only=tuple(args.only))
     print(markdown(rows))
 
 

@@ -193,6 +193,34 @@ def test_an_engine_that_keeps_dying_fails_the_fleet_with_a_clear_error():
     asyncio.run(run())
 
 
+def test_an_engine_that_cannot_come_back_is_retired_and_the_others_go_on(caplog):
+    """Engine 1's restarts all fail (its node is gone, none other can hold it): it is retired, said so,
+    and the run goes on with engine 0: new episodes, pushes and the reported version are engine 0's, no
+    push names the retired engine. Engine 0 dying for good then ends the fleet: none is left."""
+    async def run():
+        fleet = make(2, max_restarts=2)
+        await fleet.start()
+        gone = fleet.members[1]
+        gone.fail_starts, gone.dead = 10, True
+        with caplog.at_level("ERROR", logger="agentrl.rollout.fleet"):
+            await fleet.report_failure(gone, Dead("node lost"))
+            await fleet.wait_restarts()
+        assert gone.retired and not gone.healthy and gone.restarts == 2 and not fleet.failed.done()
+        assert "going on with 1 of 2 engines (engine 1 retired)" in caplog.text
+        for _ in range(4):
+            async with fleet.lease() as engine:
+                assert (await engine.generate([1], 1)).token_ids == [0]
+        assert await fleet.load_weights_file("blob", 1) == 0.1  # no "engine 1: restarting" error
+        assert fleet.version == 1 and fleet.stats()["engines_retired"] == [1]
+        last = fleet.members[0]
+        last.fail_starts, last.dead = 10, True
+        await fleet.report_failure(last, Dead("gone too"))
+        with pytest.raises(FleetFailed, match="engine 0 died 3 times"):
+            await fleet.wait_restarts()
+        assert not last.retired
+    asyncio.run(run())
+
+
 def test_a_push_skips_a_restarting_engine_and_names_it():
     async def run():
         fleet = make(2)
@@ -381,8 +409,12 @@ def test_engines_and_ranks_ask_for_the_custom_resources_that_place_them():
                             learner_num_cpus=2.0, learner_num_gpus=0.0, engine_resources={"engine_node": 1},
                             learner_resources={"learner_node": 0.5})
     assert needed(cluster) == {"CPU": 8.0, "GPU": 0.0, "engine_node": 2.0, "learner_node": 1.5}
-    opts = actor_options(cluster, 1, frozenset())
+    opts = actor_options(cluster, 1, frozenset(), ["n1", "n2"])
     assert opts["resources"] == {"engine_node": 1} and opts["scheduling_strategy"] == "SPREAD"
     assert opts["runtime_env"] == {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
     cluster.engine_resources, cluster.learner_resources = {}, {}  # none asked for: nothing asked
-    assert needed(cluster) == {"CPU": 8.0, "GPU": 0.0} and "resources" not in actor_options(cluster, 0, frozenset())
+    assert needed(cluster) == {"CPU": 8.0, "GPU": 0.0} and "resources" not in actor_options(cluster, 0, frozenset(), ["n1"])
+    # Its node gone and no other able to hold it (a restart): a clear error, which the fleet counts as a
+    # failed restart (and retires the engine when others are left), not an actor pending for ever.
+    with pytest.raises(RuntimeError, match=r"no live node of the Ray cluster can hold engine 1 \(it asks for 1 CPU"):
+        actor_options(cluster, 1, frozenset(), [])

@@ -259,6 +259,9 @@ class ClusterConfig(_Base):
                                                 "learner rank asks for, to place ranks on the nodes that offer them")
     bind_host: str = Field("127.0.0.1", min_length=1, description="ray: the address a local Ray (no cluster.address) "
                            "listens on; loopback unless told otherwise")
+    interface: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,15}$", description="ray, several nodes: the network "
+                           "interface the nodes reach each other on (e.g. eth1): the learner ranks' rendezvous, "
+                           "the weight groups and gloo/NCCL listen on it; '' = the address Ray knows each node by")
 
 
 class TrainConfig(_Base):

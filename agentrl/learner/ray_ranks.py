@@ -30,6 +30,13 @@ class LearnerRankDied(RuntimeError):
     """A learner rank's process died (or failed to start); the run cannot go on without it."""
 
 
+def node_address(interface: str) -> str:
+    """This node's address on `interface` when one is named, else the one Ray knows it by."""
+    import ray
+
+    return collective.interface_address(interface) if interface else ray.util.get_node_ip_address()
+
+
 class LearnerRank:
     """One rank (wrapped by `ray.remote` in `RayLearner`)."""
 
@@ -39,12 +46,12 @@ class LearnerRank:
         self.learner: Learner | None = None
         self.hub = None  # rank 0's SenderHub, with the collective weight path (open_hub)
 
-    def rendezvous(self) -> tuple[str, int]:
-        import ray
-
+    def rendezvous(self, interface: str = "") -> tuple[str, int]:
+        """Where rank 0's store will listen: `interface`'s address (`cluster.interface`), else the
+        address Ray knows this node by."""
         from agentrl.learner.dist import _free_port
 
-        return ray.util.get_node_ip_address(), _free_port()
+        return node_address(interface), _free_port()
 
     def setup(self, master: tuple[str, int], build: Callable[[], Learner], key: str = "") -> dict[str, Any]:
         """`key`: the ranks' rendezvous secret (hex), through Ray's task arguments, never argv or a file;
@@ -73,14 +80,15 @@ class LearnerRank:
         blob = snapshot_bytes(state, dtype)
         return [ray.put(np.frombuffer(blob, dtype=np.uint8)), len(blob)]
 
-    def open_hub(self, timeout_s: float, bucket_bytes: int) -> None:
-        """Rank 0: the sending end of the collective weight path, on this node's address."""
-        import ray
-
+    def open_hub(self, timeout_s: float, bucket_bytes: int, interface: str = "") -> None:
+        """Rank 0: the sending end of the collective weight path, on `interface` (`cluster.interface`),
+        else on the address Ray knows this node by; on loopback when that is a loopback address."""
         from agentrl.learner.collective_push import SenderHub
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.hub = SenderHub(ray.util.get_node_ip_address(), timeout_s, bucket_bytes, device)
+        host = node_address(interface)
+        network = collective.Network(local=collective.is_loopback(host), interface=interface)
+        self.hub = SenderHub(host, timeout_s, bucket_bytes, device, network)
 
     def publish_packed(self, version: int, dtype: torch.dtype | None):
         """Every rank takes part (a ZeRO-3 gather is collective); rank 0 packs the weights into its hub
@@ -147,7 +155,8 @@ class RayLearner:
         self.ranks = [remote.options(**opts, max_concurrency=4 + 2 * self.cluster.engines if r == 0 else 1)
                       .remote(r, world, self.num_threads) for r in range(world)]
         t0 = time.perf_counter()
-        master = self._wait([self.ranks[0].rendezvous.remote()], "start", self.cluster.start_timeout_s)[0]
+        master = self._wait([self.ranks[0].rendezvous.remote(self.cluster.interface)], "start",
+                            self.cluster.start_timeout_s)[0]
         key = collective.new_key().hex()  # one per start: a stranger on the rendezvous port cannot steer it
         self.where = self._wait([a.setup.remote(master, self.build, key) for a in self.ranks], "start",
                                 self.cluster.start_timeout_s)
@@ -170,7 +179,8 @@ class RayLearner:
         return ref, size
 
     def open_hub(self, timeout_s: float, bucket_bytes: int) -> None:
-        self._wait([self.ranks[0].open_hub.remote(timeout_s, bucket_bytes)], "opening the weight hub")
+        self._wait([self.ranks[0].open_hub.remote(timeout_s, bucket_bytes, self.cluster.interface)],
+                   "opening the weight hub")
 
     def publish_packed(self, version: int, dtype: torch.dtype | None) -> tuple[dict, int]:
         """Rank 0 packs the weights for the collective path: (update info, bytes)."""

@@ -12,7 +12,9 @@ down, because an engine rejoins only after loading the newest weights.
 
 Faults. An engine that dies (its vLLM core or its Ray actor) fails the turns in flight on it, which
 end their episodes with status `engine_error`; it is restarted, loads the newest weights, and takes
-new episodes again. An engine that dies more than `max_restarts` times sets `failed`, which ends the run.
+new episodes again. An engine that dies more than `max_restarts` times (or whose restarts fail that
+often: its node is gone and no other can hold it) is retired while other engines are left, and the
+run goes on with fewer, saying so; the last engine's failure sets `failed`, which ends the run.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ DEATH_RECHECK_S = (0.5, 1.0, 2.0, 4.0)
 
 
 class FleetFailed(RuntimeError):
-    """An engine died more often than `cluster.max_engine_restarts` allows, or could not start."""
+    """Every engine died more often than `cluster.max_engine_restarts` allows, or one could not start."""
 
 
 def on_node(member: Member) -> str:
@@ -95,7 +97,7 @@ class EngineFleet:
 
     @property
     def failed(self) -> asyncio.Future:
-        """Gets FleetFailed once an engine has died more than `max_restarts` times."""
+        """Gets FleetFailed once no engine is left (each died more than `max_restarts` times)."""
         return self._failed.future
 
     @classmethod
@@ -118,7 +120,8 @@ class EngineFleet:
                               "add a node or set cluster.colocate=true")
 
         def make_actor(i: int):
-            return remote.options(**actor_options(cluster, i, avoid_nodes)).remote(
+            nodes = engine_nodes(cluster, avoid_nodes)  # at each (re)start: the nodes alive now
+            return remote.options(**actor_options(cluster, i, avoid_nodes, nodes)).remote(
                 i, model_path, cfg.model_dump(), eos_id, cluster.tensor_parallel_size, cluster.engine_num_cpus,
                 cluster.engine_num_gpus > 0)
 
@@ -215,7 +218,7 @@ class EngineFleet:
         jobs = [asyncio.ensure_future(self._load(m, handover, version)) for m in targets]
         done = await asyncio.shield(asyncio.gather(*jobs, return_exceptions=True))
         errors = [f"engine {m.index}: {r!r}" for m, r in zip(targets, done) if isinstance(r, BaseException)]
-        skipped = [f"engine {m.index}: restarting" for m in self.members if m not in targets]
+        skipped = [f"engine {m.index}: restarting" for m in self.members if m not in targets and not m.retired]
         if errors or skipped:
             raise RuntimeError("; ".join(errors + skipped))
         return max((r for r in done), default=0.0)
@@ -269,8 +272,8 @@ class EngineFleet:
     async def _restart(self, member: Member) -> None:
         while True:
             if member.restarts >= self.max_restarts:
-                self._fail(f"engine {member.index} died {member.restarts + 1} times (cluster.max_engine_restarts="
-                           f"{self.max_restarts}); last error: {member.last_error}")
+                self._give_up(member, f"engine {member.index} died {member.restarts + 1} times (cluster."
+                                      f"max_engine_restarts={self.max_restarts}); last error: {member.last_error}")
                 return
             member.restarts += 1
             # A load stuck on the dead engine (a pause that never returns) keeps the old lock.
@@ -305,6 +308,17 @@ class EngineFleet:
                 continue
             member.version = version
 
+    def _give_up(self, member: Member, message: str) -> None:
+        """Retire `member` if another engine is left (healthy, or still restarting), else fail the fleet."""
+        left = [m for m in self.members if m is not member and not m.retired]
+        if not left:
+            self._fail(message)
+            return
+        member.retired = True
+        log.error("%s; going on with %d of %d engines (engine %d retired)", message, len(left), len(self.members),
+                  member.index)
+        self._track(member.stop())  # a restart's actor that never started (no node to hold it)
+
     def _fail(self, message: str) -> None:
         log.error(message)
         self._failed.fail(FleetFailed(message))
@@ -323,6 +337,7 @@ class EngineFleet:
         return {"engines": len(self.members), "weight_transport": self.transport, "engine_versions": self.versions(),
                 "engine_restarts": sum(m.restarts for m in self.members),
                 "engines_healthy": sum(m.healthy for m in self.members),
+                "engines_retired": [m.index for m in self.members if m.retired],
                 "engine_episodes": [m.served for m in self.members],
                 "engine_where": [m.where for m in self.members]}
 

@@ -27,6 +27,7 @@ class Member:
     served: int = 0  # leases ever taken (episodes routed here)
     healthy: bool = False
     restarts: int = 0
+    retired: bool = False  # gave up on after its last restart, while other engines serve: never restarted
     epoch: int = 0  # bumped at each restart: a load begun on the dead engine must not set a version
     last_error: str = ""
     where: dict[str, Any] = field(default_factory=dict)

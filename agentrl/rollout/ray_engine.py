@@ -32,19 +32,19 @@ def cpu_binding(index: int, num_cpus: float) -> str:
 
 
 def engine_nodes(cluster: ClusterConfig, avoid: frozenset[str] = frozenset()) -> list[str]:
-    """Ids of the live nodes an engine fits on: not in `avoid`, with the GPUs and custom resources an
-    engine asks for. Read at each actor's start, so a restart after a node's loss picks a survivor."""
+    """Ids of the live nodes an engine fits on: not in `avoid`, with the CPUs, GPUs and custom resources
+    an engine asks for. Read at each actor's start, so a restart after a node's loss picks a survivor."""
     import ray
 
-    wants = {"GPU": cluster.engine_num_gpus, **cluster.engine_resources}
+    wants = {"CPU": cluster.engine_num_cpus, "GPU": cluster.engine_num_gpus, **cluster.engine_resources}
     return [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid
             and all(n["Resources"].get(k, 0) >= v for k, v in wants.items())]
 
 
-def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str]) -> dict[str, Any]:
-    """`ray.remote(...).options` of engine `index`. Engines spread over the nodes that can hold them,
-    so that a node's loss takes as few as possible; `avoid` (the learner's nodes, `cluster.colocate:
-    false`) pins each to one of the other nodes instead."""
+def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str], nodes: list[str]) -> dict[str, Any]:
+    """`ray.remote(...).options` of engine `index`, given the live `nodes` that can hold it
+    (`engine_nodes`). Engines spread over them, so that a node's loss takes as few as possible; `avoid`
+    (the learner's nodes, `cluster.colocate: false`) pins each to one of them instead."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     # vLLM's log level reaches the actors through the job's runtime_env (agentrl.cluster.connect).
@@ -54,10 +54,12 @@ def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str]) -> 
         opts["resources"] = dict(cluster.engine_resources)
     if cluster.engine_num_gpus <= 0:  # Ray leaves every GPU visible to an actor that asked for none
         opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+    if not nodes:  # its node is gone and no other can hold it (a restart): the fleet counts a failed restart
+        raise RuntimeError(f"no live node of the Ray cluster can hold engine {index}"
+                           + (" without a learner rank (cluster.colocate=false)" if avoid else
+                              f" (it asks for {cluster.engine_num_cpus:g} CPU, {cluster.engine_num_gpus:g} GPU"
+                              + "".join(f", {v:g} {k}" for k, v in cluster.engine_resources.items()) + ")"))
     if avoid:
-        nodes = engine_nodes(cluster, avoid)
-        if not nodes:  # the other nodes are gone (a restart): the fleet counts this as a failed restart
-            raise RuntimeError(f"no live node without a learner rank can hold engine {index} (cluster.colocate=false)")
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)
     return opts
 

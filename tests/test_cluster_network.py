@@ -1,0 +1,53 @@
+"""`cluster.interface`: where a Ray run's groups listen when its nodes are several machines. The
+actors' gloo/NCCL interface comes from the job's runtime environment (agentrl.cluster.network_env), the
+learner ranks' rendezvous and the weight hub bind the interface's address (agentrl.learner.ray_ranks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl import collective
+from agentrl.cluster import ClusterError, network_env
+from agentrl.config import ClusterConfig, load_config
+
+
+def test_a_named_interface_is_where_every_actor_s_gloo_and_nccl_listen():
+    cfg = ClusterConfig(backend="ray", address="auto", interface="lo")
+    assert network_env(cfg) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+
+
+def test_a_ray_of_our_own_on_loopback_keeps_nccl_on_loopback_and_a_joined_one_leaves_nccl_its_choice():
+    """A local Ray bound to 127.0.0.1 has every node on this machine; a cluster joined by address with
+    no interface named may span machines, where NCCL's own choice of interface can reach them (lo
+    would not), so nothing is set."""
+    assert network_env(ClusterConfig(backend="ray")) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+    assert network_env(ClusterConfig(backend="ray", address="auto")) == {}
+    assert network_env(ClusterConfig(backend="ray", bind_host="0.0.0.0")) == {}
+
+
+def test_an_interface_this_node_lacks_is_a_start_up_error_naming_the_ones_it_has():
+    with pytest.raises(ClusterError, match=r"cluster.interface: network interface 'eth9x' does not exist on "
+                                           r"this node \(it has: .*\blo\b"):
+        network_env(ClusterConfig(backend="ray", address="auto", interface="eth9x"))
+
+
+def test_the_interface_key_is_validated_where_the_config_is_loaded(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster:\n  interface: 'eth0; rm -rf /'\n")
+    with pytest.raises(Exception, match="cluster.interface"):
+        load_config(str(path))
+
+
+def test_the_hub_and_the_rendezvous_bind_the_named_interface_s_address(monkeypatch):
+    """ray_ranks.node_address: the interface's address when one is named (without asking Ray), so rank
+    0's store and the weight groups listen there and nowhere else; the hub's groups are then not local
+    (peers on other nodes) and name the interface for gloo and NCCL."""
+    from agentrl.learner import ray_ranks
+
+    assert ray_ranks.node_address("lo") == "127.0.0.1"
+    hub = ray_ranks.LearnerRank(0, 1, 1)
+    monkeypatch.setattr(ray_ranks, "node_address", lambda interface: "127.0.0.1" if interface else "192.0.2.7")
+    hub.open_hub(30.0, 1 << 20, "lo")
+    assert (hub.hub.host, hub.hub.network) == ("127.0.0.1", collective.Network(local=True, interface="lo"))
+    hub.open_hub(30.0, 1 << 20, "")
+    assert (hub.hub.host, hub.hub.network) == ("192.0.2.7", collective.Network(local=False, interface=""))
