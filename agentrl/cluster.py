@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import os
+from pathlib import Path
 from typing import Iterator
 
 from agentrl.config import ClusterConfig
@@ -28,6 +29,25 @@ class ClusterError(RuntimeError):
     """The cluster cannot be reached, or cannot hold what the run asks for."""
 
 
+def keep_token_private(path: Path | None = None) -> None:
+    """Ray writes the token a new local cluster makes to ~/.ray/auth_token with the process's umask
+    (0644 on most machines): anyone on the machine could read it and run code in the run's Ray. So it
+    is made here first, 0600, when Ray would make it (token authentication on, no token yet); one of
+    this user's that others can read is narrowed to 0600."""
+    if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token" or os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    path = path or Path.home() / ".ray" / "auth_token"
+    if path.exists():
+        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+            log.warning("%s could be read by other users; it is now readable by you only", path)
+        return
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(generate_new_authentication_token())
 
 
 def needed(cfg: ClusterConfig) -> dict[str, float]:
@@ -62,6 +82,7 @@ def start_local(cpus: int, runtime_env: dict, bind_host: str, custom: dict[str, 
     from agentrl.collective import is_loopback
 
     loopback = is_loopback(bind_host)
+    keep_token_private()
     with _node_ip_as_given() if loopback else contextlib.nullcontext():
         # address="local": a new Ray of our own, even when `ray start` left a cluster running here
         ray.init(address="local", num_cpus=cpus, resources=custom or None, include_dashboard=False,

@@ -24,6 +24,7 @@ import ipaddress
 import os
 import secrets
 import socket
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -40,10 +41,7 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * getattr(torch, self.dtype).itemsize
+        return torch.Size(self.shape).numel() * getattr(torch, self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -208,9 +206,7 @@ def route_address(peer: str) -> str:
 def bind_address(network: Network, host: str) -> str:
     """The address rank 0's store listens on: loopback for a local group, the configured interface's
     address, else `host` (the address this node is known by)."""
-    if network.local:
-        return LOOPBACK
-    return interface_address(network.interface) if network.interface else host
+    return LOOPBACK if network.local else interface_address(network.interface) if network.interface else host
 
 
 def listen(host: str, world: int, timeout_s: float, port: int = 0) -> torch.distributed.TCPStore:
@@ -374,17 +370,21 @@ def _nccl_group(store, rank: int, world: int, timeout: datetime.timedelta, devic
     return group
 
 
+_ENVIRON = threading.Lock()  # os.environ is the process's: rank 0 joins several engines' groups at once
+
+
 @contextlib.contextmanager
 def _environ(values: dict[str, str]) -> Iterator[None]:
-    """`values` set in os.environ for the block, the old values back afterwards."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k in values:
-            os.environ.pop(k, None)
-        os.environ.update({k: v for k, v in old.items() if v is not None})
+    """`values` set in os.environ for the block (one such block at a time), the old values back afterwards."""
+    with _ENVIRON:
+        old = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+        try:
+            yield
+        finally:
+            for k in values:
+                os.environ.pop(k, None)
+            os.environ.update({k: v for k, v in old.items() if v is not None})
 
 
 def broadcast(group: torch.distributed.ProcessGroup, buf: torch.Tensor) -> None:

@@ -332,9 +332,14 @@ def loads_request(raw: bytes) -> Any:
     return value
 
 
+def error_id() -> str:
+    """A fresh id for one server-side failure: the client's 5xx body names it, the server's log line too."""
+    return uuid.uuid4().hex[:16]
+
+
 def internal_error(logger: logging.Logger, what: str, exc: BaseException | None = None) -> str:
     """Log a server-side failure with its traceback under a fresh error id and return the id: the
     client's 5xx body names the id, never the exception, so internals stay in the server's log."""
-    eid = uuid.uuid4().hex[:16]
+    eid = error_id()
     logger.error("%s failed (error id %s)", what, eid, exc_info=exc if exc is not None else False)
     return eid

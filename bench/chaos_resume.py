@@ -48,6 +48,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentrl.learner.dist import free_port
 from bench._common import ROOT, progress, resolve_model
 
 STEPS, EVERY, GROUP = 6, 2, 4
@@ -198,12 +199,6 @@ def stranger(proc: subprocess.Popen, out: Path) -> None:
         time.sleep(0.5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _server(module: str, port: int, *args: str):
     proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT,
@@ -224,7 +219,7 @@ class ToolServer:
     """The calculator job's tool server, killed mid-run and started again."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
 
     @contextlib.contextmanager
     def __call__(self):
@@ -243,7 +238,7 @@ class ToolServer:
 
 @contextlib.contextmanager
 def flaky_verifier():
-    port = _free_port()
+    port = free_port()
     with _server("rewards.servers.verifier", port, "--fail-rate", "0.6"):
         yield [f"rewards.sources=[{{name: verifier, type: http, http: {{url: 'http://127.0.0.1:{port}/verify', "
                f"max_retries: 6, backoff_base_s: 0.05}}}}]"]

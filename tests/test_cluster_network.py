@@ -51,3 +51,25 @@ def test_the_hub_and_the_rendezvous_bind_the_named_interface_s_address(monkeypat
     assert (hub.hub.host, hub.hub.network) == ("127.0.0.1", collective.Network(local=True, interface="lo"))
     hub.open_hub(30.0, 1 << 20, "")
     assert (hub.hub.host, hub.hub.network) == ("192.0.2.7", collective.Network(local=False, interface=""))
+
+
+def test_ray_s_token_file_is_made_private_and_a_readable_one_narrowed(tmp_path, monkeypatch, caplog):
+    """agentrl.cluster.keep_token_private, before a local Ray starts: the token Ray would write 0644 is
+    written 0600 (Ray then reads it, as its own); one this user left readable by others becomes 0600."""
+    from agentrl.cluster import keep_token_private
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    token = tmp_path / "ray" / "auth_token"
+    keep_token_private(token)
+    assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text()) == 64
+    first = token.read_text()
+    keep_token_private(token)
+    assert token.read_text() == first  # an existing token is kept: a running cluster may use it
+    token.chmod(0o644)
+    with caplog.at_level("WARNING", logger="agentrl.cluster"):
+        keep_token_private(token)
+    assert token.stat().st_mode & 0o777 == 0o600 and "readable by you only" in caplog.text
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token auth: nothing made
+    keep_token_private(tmp_path / "none")
+    assert not (tmp_path / "none").exists()

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,17 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agentrl.learner.dist import free_port
 from test_e2e import ROOT
 import warm_python
 
 pytestmark = pytest.mark.e2e
 RAY = str(Path(sys.executable).with_name("ray"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ import socket
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import httpx
 import pytest
@@ -407,6 +407,20 @@ def test_raw_malformed_http_never_gets_a_5xx(openai_served):
 # ---------------------------------------------------------------- the tool server and the verifier
 
 
+def fuzz_routes(http: httpx.Client, surface: str, url: str, lt, route, body, path: str,
+                answer_ok: Callable[[bytes], bool]) -> None:
+    """250 fuzzed requests (a route, a body drawn from `body`, headers) to a served app; every 200 on
+    `path` must satisfy `answer_ok` (`send` checks the rest: no 5xx, the server alive)."""
+    @fuzz(250)
+    @given(route=route, body=encoded(body), headers=HEADERS)
+    def one(route: tuple[str, str], body: bytes, headers: dict[str, str]) -> None:
+        status, reply = send(http, surface, route[0], url + route[1], lt, content=body, headers=headers)
+        if status == 200 and route[1] == path:
+            assert answer_ok(reply), reply[:200]
+
+    one()
+
+
 def test_tool_server_answers_bad_calls_with_a_4xx_or_a_tool_error():
     expression = st.one_of(TEXT, st.from_regex(r"[-+*/() 0-9.e]{0,120}", fullmatch=True), LEAF, JSON)
     call = st.fixed_dictionaries({}, optional={
@@ -415,14 +429,8 @@ def test_tool_server_answers_bad_calls_with_a_4xx_or_a_tool_error():
     route = st.sampled_from([("POST", "/call")] * 6 + [("GET", "/tools"), ("GET", "/call"), ("PUT", "/tools"),
                                                       ("GET", "/stats"), ("POST", "/nope"), ("GET", "/health")])
     with app_served(tool_server.make_app()) as (url, lt), httpx.Client(timeout=30.0, trust_env=False) as http:
-        @fuzz(250)
-        @given(route=route, body=encoded(call), headers=HEADERS)
-        def one(route: tuple[str, str], body: bytes, headers: dict[str, str]) -> None:
-            status, reply = send(http, "tool server", route[0], url + route[1], lt, content=body, headers=headers)
-            if status == 200 and route[1] == "/call":
-                assert isinstance(json.loads(reply)["content"], str)
-
-        one()
+        fuzz_routes(http, "tool server", url, lt, route, call, "/call",
+                    lambda reply: isinstance(json.loads(reply)["content"], str))
         ok = http.post(f"{url}/call", json={"name": "calculator", "arguments": {"expression": "37 * (89 - 4)"}})
         assert lt.alive and ok.json() == {"content": "3145", "is_error": False}
 
@@ -433,14 +441,8 @@ def test_verifier_answers_unscorable_requests_with_a_400():
         "messages": st.lists(MESSAGE, max_size=3) | JSON, "completion": TEXT | LEAF}) | JSON
     route = st.sampled_from([("POST", "/verify")] * 8 + [("GET", "/verify"), ("GET", "/health"), ("POST", "/x")])
     with app_served(verifier.make_app()) as (url, lt), httpx.Client(timeout=30.0, trust_env=False) as http:
-        @fuzz(250)
-        @given(route=route, body=encoded(body), headers=HEADERS)
-        def one(route: tuple[str, str], body: bytes, headers: dict[str, str]) -> None:
-            status, reply = send(http, "verifier", route[0], url + route[1], lt, content=body, headers=headers)
-            if status == 200 and route[1] == "/verify":
-                assert json.loads(reply)["reward"] in (0.0, 1.0)
-
-        one()
+        fuzz_routes(http, "verifier", url, lt, route, body, "/verify",
+                    lambda reply: json.loads(reply)["reward"] in (0.0, 1.0))
         ok = http.post(f"{url}/verify", json={"task": {"answer": 42}, "messages": [
             {"role": "assistant", "content": "so 42"}]})
         assert lt.alive and ok.json()["reward"] == 1.0

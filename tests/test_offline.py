@@ -16,6 +16,7 @@ import pytest
 from huggingface_hub import constants
 
 from agentrl.config import ConfigError, load_config
+from agentrl.models import missing_hub_files
 from agentrl.startup import OFFLINE_VARS, check_model, check_model_path, stay_offline
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +86,16 @@ def test_a_missing_shard_is_named(hub_cache):
     with pytest.raises(ConfigError, match=r"^model.path='org/sharded': model-00002-of-00002.safetensors is not in "
                                           r"the local Hugging Face cache"):
         check_model_path("org/sharded")
+
+
+@pytest.mark.parametrize("tokenizer, weights", [("spiece.model", "model.safetensors"),
+                                                 ("cl100k_base.tiktoken", "consolidated.safetensors"),
+                                                 ("sentencepiece.bpe.model", "pytorch_model.bin")])
+def test_a_cache_complete_under_other_file_names_passes(hub_cache, tokenizer, weights):
+    """A sentencepiece or tiktoken tokenizer and a single weights file under another name are complete."""
+    cache_model(hub_cache, "org/other", {"config.json": CONFIG, "tokenizer_config.json": "{}", tokenizer: b"x",
+                                         weights: b"x"})
+    assert missing_hub_files("org/other")[0] == []
 
 
 def test_an_id_not_in_the_cache_at_all(hub_cache):

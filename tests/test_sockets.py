@@ -95,10 +95,10 @@ def test_the_learner_ranks_rendezvous_listens_on_master_addr_only_and_is_sealed(
     listens on loopback (torch's env:// store would listen on every address), the key is gone from
     their environment once read, and the store holds sealed keys only."""
     from agentrl import collective
-    from agentrl.learner.dist import _free_port
+    from agentrl.learner.dist import free_port
 
     key = collective.new_key()
-    port = _free_port()
+    port = free_port()
     ranks = []
     for rank in (0, 1):
         env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now (the OS's pick; another process may take it before it is used)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -27,7 +28,7 @@ def init_single_process_dist() -> None:
 
     for key, val in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, val)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     if int(os.environ["WORLD_SIZE"]) == 1 or not torch.cuda.is_available():
         # The shared-memory allreduce op costs a ~40 s C++ build on first use and helps only several
         # CPU ranks with large gradients; gloo carries them.

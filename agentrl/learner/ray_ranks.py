@@ -49,9 +49,9 @@ class LearnerRank:
     def rendezvous(self, interface: str = "") -> tuple[str, int]:
         """Where rank 0's store will listen: `interface`'s address (`cluster.interface`), else the
         address Ray knows this node by."""
-        from agentrl.learner.dist import _free_port
+        from agentrl.learner.dist import free_port
 
-        return node_address(interface), _free_port()
+        return node_address(interface), free_port()
 
     def setup(self, master: tuple[str, int], build: Callable[[], Learner], key: str = "") -> dict[str, Any]:
         """`key`: the ranks' rendezvous secret (hex), through Ray's task arguments, never argv or a file;

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections import Counter
 from dataclasses import replace
 
 from agentrl.config import ServerConfig
-from agentrl.http_common import internal_error
+from agentrl.http_common import error_id, internal_error
 from agentrl.rollout.openai_protocol import ProtocolError
 from agentrl.rollout.session import Limits, Session
 
@@ -74,7 +73,7 @@ def public(exc: ProtocolError, what: str) -> ProtocolError:
     if exc.status == 500:  # a bug: the traceback goes to the log
         eid = internal_error(log, text, exc.__cause__ or exc)
     else:  # 502-504, an engine's error or a deadline: an episode status in training, one line in the log
-        eid = uuid.uuid4().hex[:16]
+        eid = error_id()
         log.warning("%s (error id %s)", text, eid)
     return ProtocolError(f"{exc} (error id {eid}; the server's log has the details)", exc.param, exc.status,
                          exc.code, exc.kind)
