@@ -43,7 +43,7 @@ from agentrl.config import Config, ConfigError, load_config
 from agentrl.rollout.core_process import prestart_for
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.round_trip import RoundTrip, decode, round_trip
-from agentrl.startup import Prepared, input_error, load_model_format, prepare, start_agent_server, stop_agent_server
+from agentrl.startup import Prepared, episode_spec, input_error, load_model_format, prepare, stop_agent_server
 from agentrl.types import TRAINABLE_STATUSES, Episode
 from agentrl.process_exit import run_and_exit
 
@@ -110,7 +110,7 @@ class _Made:
     renders the conversation with the tools this env declared (an env may set them at reset)."""
 
     def __init__(self, env_cls: Any) -> None:
-        self.env_cls, self.env, self.is_agent = env_cls, None, getattr(env_cls, "is_agent", False)
+        self.env_cls, self.env, self.is_agent = env_cls, None, env_cls.is_agent  # stands in for the class
 
     def __call__(self, **kwargs: Any) -> Any:
         self.env = self.env_cls(**kwargs)
@@ -122,6 +122,7 @@ class Played:
     episodes: list[tuple[Episode, list | None]]  # each episode, with the tools its env declared
     start_s: float  # starting the engine
     play_s: float  # playing and scoring the episodes
+    is_agent: bool = False  # the run's kind (EpisodeSpec.is_agent): an AgentEnv's ledger is not re-rendered
 
 
 class EngineDidNotStart(RuntimeError):
@@ -132,7 +133,6 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
                replies: list[str] | None) -> Played:
     """Play `tasks` on one local engine (on `replies` when given) and score them as training does."""
     from agentrl.learner.models import frozen_engine
-    from agentrl.rollout.episode_base import EpisodeSpec
     from agentrl.rollout.runner import episode_runner
     from agentrl.rollout.fleet import EngineFleet
     from agentrl.tool_client import aclose_shared
@@ -141,7 +141,7 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
     async def one(i: int, task: dict) -> tuple[Episode, list | None]:
         made = _Made(spec.env_cls)
         async with engine.lease() as leased:
-            ep = await episode_runner(spec.env_cls)(task, leased, dataclasses.replace(spec, env_cls=made),
+            ep = await episode_runner(spec)(task, leased, dataclasses.replace(spec, env_cls=made),
                                    i if split == "train" else -1 - i, cfg.data.seed * 100_003 + i)
         if ep.status in TRAINABLE_STATUSES:
             await scorer.score(ep)
@@ -159,11 +159,10 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
             except Exception as exc:
                 raise EngineDidNotStart(f"{type(exc).__name__}: {exc}") from exc
         t1 = time.perf_counter()
-        spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
-        await start_agent_server(cfg, spec, engine)
+        spec = await episode_spec(cfg, prep.env_cls, fmt, engine)
         async with asyncio.TaskGroup() as tg:
             jobs = [tg.create_task(one(i, task)) for i, task in enumerate(tasks)]
-        return Played([job.result() for job in jobs], t1 - t0, time.perf_counter() - t1)
+        return Played([job.result() for job in jobs], t1 - t0, time.perf_counter() - t1, spec.is_agent)
     finally:
         await aclose_shared()
         await scorer.aclose()
@@ -365,7 +364,7 @@ def check(args: argparse.Namespace, out: TextIO) -> int:
             print(f"check failed: the engine did not start: {exc}", file=out)
             return 1
     color = out.isatty() and "NO_COLOR" not in os.environ
-    is_agent = getattr(prep.env_cls, "is_agent", False)
+    is_agent = played.is_agent
     trips = [round_trip(ep, fmt, tools, is_agent) for ep, tools in played.episodes]
     shown: dict[str, str] = {}
     for (ep, _), trip in zip(played.episodes, trips):

@@ -23,7 +23,7 @@ from typing import Any
 
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.rollout.core_process import prestart_for
-from agentrl.startup import (Prepared, input_error, load_model_format, prepare, start_agent_server, stop_agent_server,
+from agentrl.startup import (Prepared, episode_spec, input_error, load_model_format, prepare, stop_agent_server,
                              stop_workers)
 from agentrl.types import Episode
 from agentrl.process_exit import run_and_exit
@@ -121,7 +121,6 @@ async def start_fleet(cfg: Config, model_path: str, eos_id: int):
 
 async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
     from agentrl.learner.models import frozen_engine
-    from agentrl.rollout.episode import EpisodeSpec
     from agentrl.rollout.pool import RolloutPool
     from agentrl.tool_client import aclose_shared
     from rewards.sources import RewardCombiner
@@ -134,8 +133,7 @@ async def evaluate(cfg: Config, prep: Prepared, samples: int) -> dict[str, Any]:
         log.info("model %s: starting vLLM (%d engine(s))", model_path, cfg.cluster.engines)
         fleet = await start_fleet(cfg, model_path, fmt.eos_id)
         await fleet.start()
-        spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
-        await start_agent_server(cfg, spec, fleet)
+        spec = await episode_spec(cfg, prep.env_cls, fmt, fleet)
         pool = RolloutPool(fleet, spec, scorer)
         tasks = [t for t in prep.eval_tasks for _ in range(samples)]
         log.info("evaluating %d tasks x %d samples = %d episodes", len(prep.eval_tasks), samples, len(tasks))

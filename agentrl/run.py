@@ -42,7 +42,7 @@ from agentrl.learning_signal import SignalWatch, filter_streak_limit, signal_met
 from agentrl.metrics import MetricsSink
 from agentrl.rollout.failing import unless_failed
 from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes
-from agentrl.startup import (Prepared, load_model_format, start_agent_server, start_workers, stop_agent_server,
+from agentrl.startup import (Prepared, episode_spec, load_model_format, start_workers, stop_agent_server,
                              stop_workers)
 from agentrl.types import TrainBatch
 
@@ -126,7 +126,6 @@ class RLRun:
 
     async def setup(self) -> None:
         from agentrl.learner.models import frozen_engine
-        from agentrl.rollout.episode_base import EpisodeSpec
         from agentrl.tool_client import aclose_shared
         from rewards.sources import RewardCombiner
 
@@ -144,9 +143,8 @@ class RLRun:
         # save yet). After start_workers: ray.init sets a SIGTERM handler of its own, which this replaces.
         self.stop.install()
         self._stack.callback(self.stop.uninstall)
-        spec = EpisodeSpec(prep.env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
+        spec = await episode_spec(cfg, prep.env_cls, fmt, self.fleet)
         self._stack.push_async_callback(stop_agent_server, spec)
-        await start_agent_server(cfg, spec, self.fleet)
         self.pool = RolloutPool(self.fleet, spec, scorer)
         self.stream = TaskStream(prep.train_tasks, cfg.data.seed)
         self.buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness,

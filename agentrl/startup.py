@@ -29,28 +29,17 @@ def input_error(exc: ConfigError) -> int:
     return 2
 
 
-def critic_init_path(cfg: Config, model_path: str) -> str:
-    """critic.init_from: 'actor', 'reward_model' (the first reward_model source's folder) or a folder."""
-    if cfg.critic.init_from == "actor":
-        return model_path
-    if cfg.critic.init_from == "reward_model":
-        source = next(s for s in cfg.rewards.sources if s.type == "reward_model")
-        return source.reward_model.path
-    return cfg.critic.init_from
-
-
 def build_learner(cfg: Config, model_path: str, tokenizer):
+    """The RL learner of `cfg` (its `LearnerSpec`), with the LM loss's text batches when it has one."""
     from agentrl.data import lm_batches
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
     unsup = None
     if cfg.learner.unsup_coef > 0:
         unsup = lm_batches(cfg.learner.unsup_data, tokenizer, cfg.learner.unsup_batch_size,
                            cfg.engine.max_model_len, cfg.train.seed)
-    critic_path = critic_init_path(cfg, model_path) if cfg.algo.advantage.type == "gae" else None
-    return Learner(model_path, cfg.learner, cfg.algo, cfg.rollout.temperature, cfg.buffer.batch_size,
-                   critic=cfg.critic, critic_path=critic_path, total_steps=cfg.train.steps, unsup_batches=unsup,
-                   top_p=cfg.rollout.top_p)
+    return Learner(LearnerSpec.from_config(cfg, model_path), unsup)
 
 
 # Hugging Face's offline switches: the hub client (and vLLM through it), transformers' older one, datasets.
@@ -279,15 +268,28 @@ async def stop_workers(cfg: Config, fleet, learner) -> None:
         disconnect()
 
 
-async def start_agent_server(cfg: Config, spec, fleet) -> None:
-    """When the env is an AgentEnv: start the OpenAI endpoint its episodes' sessions live on (`spec.server`)."""
-    if not getattr(spec.env_cls, "is_agent", False):
-        return
+async def episode_spec(cfg: Config, env_cls: type[Env], fmt, engine):
+    """The run's `EpisodeSpec`, built here once and not changed after; for an AgentEnv with the OpenAI
+    endpoint its episodes' sessions live on (`spec.server`) started (`stop_agent_server` stops it).
+    `engine` serves the endpoint's requests from outside a session."""
+    import dataclasses
+
+    from agentrl.rollout.episode_base import EpisodeSpec
+
+    spec = EpisodeSpec(env_cls, cfg.env.kwargs, fmt, cfg.rollout, cfg.engine.max_model_len)
+    if not spec.is_agent:
+        return spec
     from agentrl.rollout.agent_episode import make_server
 
-    spec.scored_by_sources = any(source.type != "env" for source in cfg.rewards.sources)
-    spec.server = make_server(spec, fleet, cfg.server)
-    await spec.server.start()
+    server = make_server(spec, engine, cfg.server)  # reads the spec's format and limits only
+    try:
+        await server.start()
+    except BaseException:
+        await server.stop()  # what did start (its client, a bound socket) is released
+        raise
+    # An agent may return None only when reward sources other than the env's own score its episodes.
+    return dataclasses.replace(spec, server=server,
+                               scored_by_sources=any(source.type != "env" for source in cfg.rewards.sources))
 
 
 async def stop_agent_server(spec) -> None:

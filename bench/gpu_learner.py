@@ -59,6 +59,7 @@ def make_learner(model: str, name: str):
 
     from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 means float32: comparable with the CPU step
@@ -67,7 +68,7 @@ def make_learner(model: str, name: str):
     algo = AlgoConfig(**spec["algo"])
     cfg = LearnerConfig(lr=5e-3, zero_stage=spec["zero_stage"], dtype=spec["dtype"], micro_batch_size=2)
     critic = CriticConfig(zero_stage=spec["zero_stage"]) if algo.advantage.type == "gae" else None
-    return Learner(model, cfg, algo, 1.0, 8, critic=critic, critic_path=model if critic else None)
+    return Learner(LearnerSpec(model, cfg, algo, 8, critic=critic, critic_path=model if critic else None))
 
 
 def one_step(model: str, name: str, out: Path) -> dict:

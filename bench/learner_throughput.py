@@ -100,9 +100,10 @@ def learner_config(args: argparse.Namespace):
 def build_learner(path: str, mode: str, args: argparse.Namespace):
     from agentrl.config import AlgoConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
-    return Learner(path, learner_config(args), AlgoConfig(mode=mode), temperature=1.0, batch_size=args.batch,
-                   total_steps=args.steps + 1)
+    return Learner(LearnerSpec(path, learner_config(args), AlgoConfig(mode=mode), temperature=1.0, batch_size=args.batch,
+                               total_steps=args.steps + 1))
 
 
 def plain_engine(path: str, args: argparse.Namespace):

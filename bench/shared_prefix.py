@@ -67,6 +67,7 @@ def main() -> None:
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.dist import usable_cores
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
     args.threads = args.threads or usable_cores()
     path = resolve_model(args.model)
@@ -74,9 +75,9 @@ def main() -> None:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows = args.groups * args.n
     progress(f"{args.model}: building the learner (actor + reference)")
-    learner = Learner(path, LearnerConfig(lr=3e-5, micro_batch_size=rows, num_threads=args.threads),
-                      AlgoConfig(kl={"type": "loss", "coef": 0.01}), temperature=1.0, batch_size=rows,
-                      total_steps=2 * (args.steps + 1))
+    learner = Learner(LearnerSpec(path, LearnerConfig(lr=3e-5, micro_batch_size=rows, num_threads=args.threads),
+                                  AlgoConfig(kl={"type": "loss", "coef": 0.01}), temperature=1.0, batch_size=rows,
+                                  total_steps=2 * (args.steps + 1)))
     batch_factory = lambda: make_batch(len(tok), pad, args)
     sides = [Side("every row runs its prompt", side(learner, False)),
              Side("the group's prompt once", side(learner, True))]

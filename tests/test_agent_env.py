@@ -5,6 +5,7 @@ agent and engine failures end only their episode, with the status an Env's would
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import openai
 import pytest
@@ -79,7 +80,7 @@ async def play(tokenizer, env_cls, script, tasks, *, episode_timeout_s=60.0, max
     cfg = RolloutConfig(max_turns=max_turns, max_tokens_per_turn=32, episode_timeout_s=episode_timeout_s,
                         temperature=1.0)
     spec = EpisodeSpec(env_cls, {}, fmt, cfg, 512, scored_by_sources=scored_by_sources)
-    spec.server = make_server(spec, engine, ServerConfig())
+    spec = dataclasses.replace(spec, server=make_server(spec, engine, ServerConfig()))
     await spec.server.start()
     try:
         pool = RolloutPool(engine, spec)

@@ -10,12 +10,13 @@ import itertools
 import math
 import random
 from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs,
+from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossInputs,
                           behaviour_trust_mask,
                           aggregate, kl_estimate, masked_mean, register_advantage, register_policy_loss,
                           value_loss)
@@ -25,18 +26,24 @@ F64 = torch.float64
 
 
 def loss_cfg(correction: str = "tis", correction_level: str = "token", is_low: float = 0.5, is_high: float = 2.0,
-             **kw) -> PolicyLossConfig:
-    """Loss settings as the learner makes them: the config tree's defaults, overridden by `kw`. The
-    correction's flat settings go into `algo.correction` where its type has them; m2_tau only with m2
-    (a setting the chosen type lacks is unread by the loss, and the config tree rejects it)."""
+             trust_region: str = "clip", m2_tau: float = 0.04, **kw) -> AlgoConfig:
+    """Loss settings as the learner passes them: the config tree's `algo`, its defaults overridden by `kw`.
+    The correction's settings go into `algo.correction` where its type has them; the trust region's
+    into `algo.trust_region`, its bounds those of PPO's clip (clip_low / clip_high) as these cases were
+    computed with, m2_tau its tau (a setting the chosen type lacks is rejected by the config tree)."""
     corr = {"type": correction}
     if correction != "none":
         corr.update(level=correction_level, high=is_high)
     if correction == "mask":
         corr["low"] = is_low
-    if kw.get("trust_region", "clip") != "m2":
-        kw.pop("m2_tau", None)
-    return PolicyLossConfig.from_settings(AlgoConfig(correction=corr, **kw))
+    region = {"type": trust_region}
+    if trust_region in ("clip", "neg_clip"):
+        region["eps_low"] = kw.get("clip_low", 0.2)
+    if trust_region == "clip":
+        region["eps_high"] = kw.get("clip_high", 0.2)
+    if trust_region == "m2":
+        region["tau"] = m2_tau
+    return AlgoConfig(correction=corr, trust_region=region, **kw)
 
 
 def t(x, dtype=torch.float32):
@@ -345,7 +352,8 @@ def test_sequence_correction_hand():
     loss, m = POLICY_LOSSES["ppo_clip"](inp, cfg)
     assert_close(loss, t(-(2.0 * 2 + 0.5) / 2))
     assert (m["is_weight_mean"], m["is_weight_max"], m["is_corrected_frac"]) == pytest.approx((2.25, 4.0, 0.5))
-    cfg.correction = "mask"  # is_low 0.5 keeps row 1 (w = 0.5 is inside), drops row 0
+    cfg = loss_cfg(correction="mask", correction_level="sequence", is_high=2.0, agg="seq_mean_token_sum",
+                   trust_region="none")  # is_low 0.5 keeps row 1 (w = 0.5 is inside), drops row 0
     assert_close(POLICY_LOSSES["ppo_clip"](inp, cfg)[0], t(-0.5 / 2))
 
 
@@ -392,7 +400,8 @@ def trust_case():
 ])
 def test_behaviour_trust_mask_hand(kind, tau, expected):
     logp, behav, adv, mask = trust_case()
-    keep = behaviour_trust_mask(logp, behav, adv, mask, kind, 0.2, 0.2, tau)
+    # the math's own edge (tau 0) is below the config's bound, so the settings are a plain namespace
+    keep = behaviour_trust_mask(logp, behav, adv, mask, SimpleNamespace(type=kind, eps_low=0.2, eps_high=0.2, tau=tau))
     assert keep[0, :5].tolist() == expected
 
 
@@ -428,20 +437,24 @@ def test_entropy_bonus_and_bypass():
 @pytest.mark.parametrize("kw", [dict(correction="x"), dict(correction={"type": "tis", "level": "batch"}),
                                 dict(agg="sum"), dict(dual_clip=1.0), dict(correction={"type": "mask", "low": 1.5}),
                                 dict(correction={"type": "tis", "high": 0.9}), dict(clip_low=-0.1),
-                                dict(constant_norm=0.0)])
+                                dict(constant_norm=0.0), dict(trust_region={"type": "m2", "tau": 0.0}),
+                                dict(trust_region={"type": "clip", "eps_low": 1.5})])
 def test_config_validation(kw):
-    # The loss settings are checked once, in the config tree, before a PolicyLossConfig is made.
+    # The loss settings are checked once, in the config tree, before a loss reads them.
     with pytest.raises(ValueError):
         AlgoConfig(**kw)
 
 
-def test_policy_loss_config_reads_every_field_from_the_config_tree():
-    algo = AlgoConfig(clip_low=0.1, clip_high=0.3, dual_clip=2.5,
-                      correction={"type": "mask", "level": "sequence", "low": 0.4, "high": 1.7},
-                      agg="constant", constant_norm=5.0, entropy_coef=0.02,
-                      trust_region="m2", m2_tau=0.07)
-    assert PolicyLossConfig.from_settings(algo) == PolicyLossConfig(0.1, 0.3, 2.5, "mask", "sequence", 0.4, 1.7,
-                                                                    "constant", 5.0, 0.02, "m2", 0.07)
+def test_the_trust_region_has_bounds_of_its_own():
+    # PPO's clip (clip_low / clip_high, on pi_theta / pi_old) and the trust region (on rho = pi_theta / mu)
+    # are set apart: here r = 1 everywhere, so only the trust region's eps_low acts. rho = [0.5, 0.5, 1.5,
+    # 1.5, 1]: eps_low 0.6 keeps the A < 0 token at rho 0.5 that eps_low 0.2 (and clip_low 0.2) drops.
+    logp, behav, adv, mask = trust_case()
+    inp = PolicyLossInputs(logp, logp.detach(), behav, adv, mask)
+    tight = AlgoConfig(clip_low=0.6, trust_region={"type": "neg_clip", "eps_low": 0.2}, correction="none")
+    wide = AlgoConfig(clip_low=0.2, trust_region={"type": "neg_clip", "eps_low": 0.6}, correction="none")
+    assert POLICY_LOSSES["ppo_clip"](inp, tight)[1]["trust_masked_frac"] == pytest.approx(0.2)
+    assert POLICY_LOSSES["ppo_clip"](inp, wide)[1]["trust_masked_frac"] == 0.0
 
 
 # ---------------------------------------------------------------- policy losses: loop reference
@@ -450,7 +463,8 @@ def ref_policy_loss(name, lp, old, behav, adv, mask, ent, cfg):
     """Pure-python loss, d loss / d logp, and metrics, one token at a time."""
     lo, hi = 1 - cfg.clip_low, 1 + cfg.clip_high
     clip = lambda x, a, b: min(max(x, a), b)  # noqa: E731
-    seq_level = name == "gspo" or cfg.correction_level == "sequence"
+    corr = cfg.correction  # typed: none, tis {level, high} or mask {level, low, high}
+    seq_level = name == "gspo" or (corr.type != "none" and corr.level == "sequence")
     units, w_tok, corrected = [], [], []  # raw w per unit, applied w per token, corrected per unit
     for b, row in enumerate(mask):
         idx = [k for k, m in enumerate(row) if m]
@@ -461,10 +475,10 @@ def ref_policy_loss(name, lp, old, behav, adv, mask, ent, cfg):
             units += [g] if idx else []
         else:
             units += [raw_row[k] for k in idx]
-        out_of = [(x > cfg.is_high) if cfg.correction == "tis" else
-                  (x < cfg.is_low or x > cfg.is_high) if cfg.correction == "mask" else False for x in raw_row]
+        out_of = [(x > corr.high) if corr.type == "tis" else
+                  (x < corr.low or x > corr.high) if corr.type == "mask" else False for x in raw_row]
         corrected += [out_of[0]] if seq_level and idx else [out_of[k] for k in idx] if not seq_level else []
-        w_tok.append([1.0 if cfg.correction == "none" else min(x, cfg.is_high) if cfg.correction == "tis"
+        w_tok.append([1.0 if corr.type == "none" else min(x, corr.high) if corr.type == "tis"
                       else (0.0 if o else x) for x, o in zip(raw_row, out_of)])
     keep = ref_trust_keep(name, lp, behav, adv, mask, cfg)
     w_tok = [[w * c for w, c in zip(wr, kr)] for wr, kr in zip(w_tok, keep)]
@@ -522,18 +536,19 @@ def ref_trust_keep(name, lp, behav, adv, mask, cfg):
     keep = [[1.0] * len(row) for row in mask]
     toks = [(b, k) for b, row in enumerate(mask) for k, m in enumerate(row) if m]
     log_rho = {(b, k): lp[b][k] - behav[b][k] for b, k in toks}
-    if cfg.trust_region == "m2":
+    region = cfg.trust_region  # typed: none, clip {eps_low, eps_high}, neg_clip {eps_low} or m2 {tau}
+    if region.type == "m2":
         ranked = sorted(toks, key=lambda bk: -log_rho[bk] ** 2)  # stable: ties stay in position order
         rest = [log_rho[bk] ** 2 for bk in ranked]
         for i, bk in enumerate(ranked):
-            if sum(rest[i:]) / len(rest[i:]) <= cfg.m2_tau:
+            if sum(rest[i:]) / len(rest[i:]) <= region.tau:
                 break
             keep[bk[0]][bk[1]] = 0.0
-    elif cfg.trust_region in ("clip", "neg_clip"):
+    elif region.type in ("clip", "neg_clip"):
         for b, k in toks:
             rho = math.exp(log_rho[b, k])
-            if (adv[b][k] < 0 and rho < 1 - cfg.clip_low) or (
-                    cfg.trust_region == "clip" and adv[b][k] > 0 and rho > 1 + cfg.clip_high):
+            if (adv[b][k] < 0 and rho < 1 - region.eps_low) or (
+                    region.type == "clip" and adv[b][k] > 0 and rho > 1 + region.eps_high):
                 keep[b][k] = 0.0
     return keep
 
@@ -557,5 +572,5 @@ def test_policy_loss_vs_reference(name, correction, level, agg):
     for key, val in ref_metrics.items():
         assert metrics[key] == pytest.approx(val, rel=1e-9, abs=1e-12), key
     assert 0 < metrics["clip_frac"] < 1  # the random data exercises clipping
-    if cfg.trust_region != "none":
+    if cfg.trust_region.type != "none":
         assert 0 < metrics["trust_masked_frac"] < 1  # ... and the trust region

@@ -243,6 +243,7 @@ def test_resumed_learner_takes_the_same_next_step(tmp_path, tiny_model, zero_sta
     step gives the same loss and bit-identical weights as the learner that never stopped."""
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
     from agentrl.learner.state import optimizer_digest
 
     cfg = LearnerConfig(lr=1e-3, micro_batch_size=2, zero_stage=zero_stage, scheduler="linear", warmup_steps=4,
@@ -251,7 +252,7 @@ def test_resumed_learner_takes_the_same_next_step(tmp_path, tiny_model, zero_sta
                       reward_norm=True)
 
     def build():
-        return Learner(tiny_model, cfg, algo, 1.0, 4, total_steps=6)
+        return Learner(LearnerSpec(tiny_model, cfg, algo, 4, total_steps=6))
 
     a = build()
     for seed in (1, 2):

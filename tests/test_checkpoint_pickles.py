@@ -119,10 +119,11 @@ def test_a_planted_deepspeed_file_is_refused_and_a_real_one_loads(tmp_path, tiny
     optimizer records allowed by name), and a payload planted in one stops the load, naming the file."""
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
     marker = tmp_path / "marker"
     cfg = LearnerConfig(lr=1e-3, micro_batch_size=2, zero_stage=zero_stage)
-    a = Learner(tiny_model, cfg, AlgoConfig(), 1.0, 4, total_steps=4)
+    a = Learner(LearnerSpec(tiny_model, cfg, AlgoConfig(), 4, total_steps=4))
     a.step(_rl_batch(1))
     a.save_checkpoint(str(tmp_path / "ckpt"))
     check_files(tmp_path / "ckpt")  # what DeepSpeed wrote passes the scan

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.algo import PolicyLossConfig
 from agentrl.config import AlgoConfig, ConfigError, load_config
 from agentrl.config.algo import MOVED_KEYS
 
@@ -66,7 +65,10 @@ def test_moved_key_message_as_printed():
     (["algo.correction={type: none, level: sequence}"],
      "config key 'algo.correction.level' belongs to algo.correction type tis / mask, not to type none"),
     # was: algo.m2_tau=0.1 (trust_region clip) -> "has no effect: algo.trust_region is clip, not m2"
-    (["algo.m2_tau=0.1"], "algo.m2_tau applies only with algo.trust_region m2, not clip"),
+    (["algo.trust_region={type: clip, tau: 0.1}"],
+     "config key 'algo.trust_region.tau' belongs to algo.trust_region type m2, not to type clip"),
+    (["algo.trust_region=neg_clip", "algo.trust_region.eps_high=0.3"],
+     "config key 'algo.trust_region.eps_high' belongs to algo.trust_region type clip, not to type neg_clip"),
     # was: algo.lam=0.9 (advantage grpo) -> "it belongs to algo.advantage=gae"
     (["algo.advantage={type: grpo, lam: 0.9}"],
      "config key 'algo.advantage.lam' belongs to algo.advantage type gae, not to type grpo"),
@@ -106,11 +108,14 @@ def test_values_out_of_bounds_are_located_inside_the_sub_config():
         "algo.correction={type: tis, high: 0.5}")
 
 
-def test_policy_loss_settings_flatten_the_sub_configs():
-    a = algo("algo.correction={type: mask, level: sequence, low: 0.4, high: 1.7}", "algo.dual_clip=2.5")
-    assert PolicyLossConfig.from_settings(a) == PolicyLossConfig(0.2, 0.2, 2.5, "mask", "sequence", 0.4, 1.7,
-                                                                "token_mean", 1.0, 0.0, "clip", 0.04)
-    assert PolicyLossConfig.from_settings(algo("algo.correction=none")).correction == "none"
+def test_the_trust_region_is_a_choice_with_bounds_of_its_own():
+    a = algo("algo.clip_low=0.3", "algo.clip_high=0.28")
+    assert a.trust_region.model_dump() == {"type": "clip", "eps_low": 0.2, "eps_high": 0.2}  # not PPO's clip
+    assert algo("algo.trust_region=m2").trust_region.tau == 0.04
+    assert algo("algo.trust_region={type: neg_clip, eps_low: 0.5}").trust_region.eps_low == 0.5
+    assert algo("algo.trust_region=none").trust_region.type == "none"
+    assert error("algo.m2_tau=0.1") == "algo.m2_tau moved: use algo.trust_region.tau (with algo.trust_region.type m2)"
+    assert "algo.trust_region.tau: Input should be greater than 0" in error("algo.trust_region={type: m2, tau: 0}")
 
 
 def test_python_callers_get_the_same_answers():
@@ -124,8 +129,8 @@ def test_python_callers_get_the_same_answers():
 
 @pytest.mark.parametrize("overrides", [
     [], ["algo.advantage=gae", "algo.kl={type: loss, coef: 0.1, controller: adaptive}", "algo.correction=mask"],
-    ["algo.advantage=rloo", "algo.kl={type: reward, coef: 0.1}", "algo.correction=none", "algo.trust_region=m2",
-     "algo.m2_tau=0.1"],
+    ["algo.advantage=rloo", "algo.kl={type: reward, coef: 0.1}", "algo.correction=none",
+     "algo.trust_region={type: m2, tau: 0.1}"], ["algo.trust_region={type: neg_clip, eps_low: 0.4}"],
 ])
 def test_a_written_out_config_loads_back(overrides):
     # train's summary.json holds cfg.model_dump(): every key, only the chosen types' keys in a sub-config

@@ -7,6 +7,7 @@ tool is its own choice here; tests/test_responses_api.py scripts the tool calls.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import agents
 import openai
@@ -72,7 +73,7 @@ def test_the_agents_sdk_default_agent_serves_and_trains_on_a_real_engine(model_d
                 await server.stop()
             cfg = RolloutConfig(max_turns=4, max_tokens_per_turn=48, temperature=1.0)
             spec = EpisodeSpec(env_cls, {}, fmt, cfg, 512)
-            spec.server = make_server(spec, engine, ServerConfig(port=0))
+            spec = dataclasses.replace(spec, server=make_server(spec, engine, ServerConfig(port=0)))
             await spec.server.start()
             tasks = [{"id": f"t{i}", "question": f"Guess number {i}."} for i in range(3)]
             try:

@@ -90,9 +90,10 @@ def test_learner_forward_gives_the_plain_op_values_and_parameter_gradients(tiny_
     parameter gradients as token_logprobs / token_entropy on the same model output."""
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
     from agentrl.types import Episode, TrainBatch
 
-    lrn = Learner(tiny_model, LearnerConfig(micro_batch_size=2), AlgoConfig(), 0.8, 2)
+    lrn = Learner(LearnerSpec(tiny_model, LearnerConfig(micro_batch_size=2), AlgoConfig(), 2, temperature=0.8))
     eps = []
     for toks in ([1, 275, 201, 301, 299, 310, 2], [1, 275, 201, 301, 305, 2]):
         ep = Episode(task_id="t", group_id=0)

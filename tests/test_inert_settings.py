@@ -21,18 +21,22 @@ def test_defaults_warn_about_nothing():
     # one optimizer step in decoupled mode: r == 1, so the ratio clips never act...
     (["algo.trust_region=none", "algo.dual_clip=3", "algo.clip_low=0.1", "algo.clip_high=0.3"],
      ["algo.dual_clip", "algo.clip_low", "algo.clip_high"]),
-    (["algo.dual_clip=3", "algo.clip_low=0.1"], ["algo.dual_clip"]),  # the default trust region reads clip_low
-    # ...unless the trust region reads them (neg_clip reads clip_low only)
-    (["algo.trust_region=neg_clip", "algo.clip_low=0.1", "algo.clip_high=0.3"], ["algo.clip_high"]),
-    (["algo.trust_region=clip", "algo.clip_low=0.1", "algo.clip_high=0.3"], []),
+    (["algo.dual_clip=3", "algo.clip_low=0.1"], ["algo.dual_clip", "algo.clip_low"]),
+    # ...and the trust region, which does act, has bounds of its own: PPO's clip is inert beside any of them
+    (["algo.trust_region=neg_clip", "algo.clip_low=0.1", "algo.clip_high=0.3"], ["algo.clip_low", "algo.clip_high"]),
+    (["algo.trust_region={type: clip, eps_low: 0.1, eps_high: 0.3}", "algo.clip_high=0.3"], ["algo.clip_high"]),
     # with two mini-batches the ratio moves from 1 on the second: the clips can act
     (["learner.mini_batches=2", "algo.dual_clip=3", "algo.clip_low=0.1"], []),
     (["algo.mode=bypass", "algo.correction={type: mask, high: 3}"], ["algo.correction"]),
     (["algo.mode=bypass", "algo.trust_region=clip"], ["algo.trust_region"]),
+    (["algo.mode=bypass", "algo.trust_region={type: neg_clip, eps_low: 0.3}"], ["algo.trust_region"]),
+    # a trust region tighter than PPO's clip drops tokens the clip would still train on
+    (["algo.mode=bypass", "algo.trust_region={type: clip, eps_low: 0.1, eps_high: 0.3}"], []),
+    (["algo.mode=bypass", "algo.trust_region={type: clip, eps_low: 0.2, eps_high: 0.1}"], []),
     (["algo.mode=bypass", "algo.trust_region=m2"], []),
     (["algo.correction={type: mask, low: 0.3}"], []),
-    (["algo.trust_region=m2", "algo.m2_tau=0.1"], []),
-    # is_low without mask, is_high without a correction, m2_tau without m2, gae keys without gae and KL
+    (["algo.trust_region={type: m2, tau: 0.1}"], []),
+    # is_low without mask, is_high without a correction, tau without m2, gae keys without gae and KL
     # keys without a KL term were warnings here; now they cannot be written (tests/test_config_algo.py).
     (["learner.lora.rank=4", "learner.lora.dropout=0.1"], ["learner.lora.dropout"]),
 ])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from agentrl.config import AlgoConfig, LearnerConfig
+from agentrl.learner.spec import LearnerSpec
 from agentrl.types import Episode, TrainBatch
 
 
@@ -28,7 +29,8 @@ def make_batch(learner, log_w: float, adv: float = 1.0) -> TrainBatch:
 def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
     from agentrl.learner.rl import Learner
 
-    learner = Learner(tiny_model, LearnerConfig(lr=1e-4, micro_batch_size=1), AlgoConfig(correction={"type": "tis", "high": 1.5}, trust_region="none"), 1.0, 2)
+    learner = Learner(LearnerSpec(tiny_model, LearnerConfig(lr=1e-4, micro_batch_size=1),
+                                  AlgoConfig(correction={"type": "tis", "high": 1.5}, trust_region="none"), 2))
     # w = pi_prox / mu = 2 > correction.high -> truncated to 1.5; r = 1 on the first step, A = 1:
     # loss = -mean_t(1.5 * 1 * 1) = -1.5 over the 4 generated tokens (two micro-batches of 2 tokens).
     (m,) = learner.step(make_batch(learner, math.log(2.0)))
@@ -47,8 +49,8 @@ def test_decoupled_tis_weight_enters_the_loss_exactly(tiny_model):
 def test_bypass_mode_ignores_the_behaviour_gap(tiny_model):
     from agentrl.learner.rl import Learner
 
-    learner = Learner(tiny_model, LearnerConfig(lr=1e-4, mini_batches=2, micro_batch_size=1),
-                      AlgoConfig(mode="bypass", trust_region="none"), 1.0, 2)
+    learner = Learner(LearnerSpec(tiny_model, LearnerConfig(lr=1e-4, mini_batches=2, micro_batch_size=1),
+                                  AlgoConfig(mode="bypass", trust_region="none"), 2))
     # bypass: old = mu, so w = 1 and r = pi/mu = e^log_w = 1.25 on the first mini-batch, inside the
     # clip range [0.8, 1.2]? no: 1.25 > 1.2 and A > 0 -> the clipped term 1.2 is taken: loss = -1.2.
     results = learner.step(make_batch(learner, math.log(1.25)))
@@ -65,7 +67,7 @@ def test_train_mode_pass_equals_the_no_grad_pass_with_dropout_configured(tiny_mo
     from agentrl.learner.rl import Learner
 
     cfg = LearnerConfig(lr=1e-4, micro_batch_size=2, mini_batches=2, lora=LoraConfig(rank=4, dropout=0.5))
-    learner = Learner(tiny_model, cfg, AlgoConfig(), 1.0, 2)
+    learner = Learner(LearnerSpec(tiny_model, cfg, AlgoConfig(), 2))
     batch = make_batch(learner, 0.0)
     learner.engine.train()
     with torch.no_grad():
@@ -91,8 +93,8 @@ def test_disable_dropout_makes_train_mode_deterministic(tiny_model):
 def test_reference_kl_is_zero_at_start_and_grows_after_updates(tiny_model):
     from agentrl.learner.rl import Learner
 
-    learner = Learner(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=2),
-                      AlgoConfig(kl={"type": "loss", "coef": 0.5, "estimator": "k3"}), 1.0, 2)
+    learner = Learner(LearnerSpec(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=2),
+                                  AlgoConfig(kl={"type": "loss", "coef": 0.5, "estimator": "k3"}), 2))
     (first,) = learner.step(make_batch(learner, 0.0, adv=1.0))
     assert first.policy["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # actor == reference before any update
     (second,) = learner.step(make_batch(learner, 0.0, adv=0.0))

@@ -13,6 +13,7 @@ import torch
 from agentrl.algo import ADVANTAGES, AdvantageInputs, kl_penalized_token_rewards
 from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
 from agentrl.learner.models import lr_factor
+from agentrl.learner.spec import LearnerSpec
 from agentrl.types import Episode, TrainBatch
 from optimizer_steps import assert_same_gradients, gradients_of_each_step
 
@@ -37,8 +38,8 @@ def learner(path: str, algo: AlgoConfig, critic: CriticConfig | None = None, **c
     from agentrl.learner.rl import Learner
 
     cfg = {"lr": 1e-2, "micro_batch_size": 2, **cfg}
-    return Learner(path, LearnerConfig(**cfg), algo, 1.0, 2, critic=critic,
-                   critic_path=path if critic is not None else None, total_steps=4)
+    return Learner(LearnerSpec(path, LearnerConfig(**cfg), algo, 2, critic=critic,
+                               critic_path=path if critic is not None else None, total_steps=4))
 
 
 def actor_weights(lrn) -> dict[str, torch.Tensor]:
@@ -116,7 +117,7 @@ def test_a_kl_term_takes_pi_prox_from_the_training_pass_and_steps_the_same(tiny_
         reuses_prox = False
 
     algo = AlgoConfig(kl=kl)
-    reused, own = (cls(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=1), algo, 1.0, 2)
+    reused, own = (cls(LearnerSpec(tiny_model, LearnerConfig(lr=1e-2, micro_batch_size=1), algo, 2))
                    for cls in (Learner, OwnPass))  # micro-batches of one row: each writes its rows of pi_prox
     for rewards in ((1.0, 0.0), (0.0, 1.0)):
         batch = make_batch(rewards)
@@ -218,8 +219,8 @@ def test_unsupervised_lm_loss_is_added_with_its_coefficient(tiny_model, tiny_tok
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     target = ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-    lrn = Learner(tiny_model, LearnerConfig(lr=1e-3, micro_batch_size=2, unsup_coef=0.5, unsup_data=str(texts)),
-                  AlgoConfig(), 1.0, 2, unsup_batches=batches)
+    lrn = Learner(LearnerSpec(tiny_model, LearnerConfig(lr=1e-3, micro_batch_size=2, unsup_coef=0.5,
+                                              unsup_data=str(texts)), AlgoConfig(), 2), unsup_batches=batches)
     (m,) = lrn.step(make_batch(rewards=(1.0, 1.0)))  # equal rewards: GRPO advantages 0, policy loss 0
     assert m.policy["unsup_loss"] == pytest.approx(float(expected), rel=1e-5)
     assert m.loss == pytest.approx(0.5 * float(expected), rel=1e-5)

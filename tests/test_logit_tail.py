@@ -38,9 +38,10 @@ class NoKeepLM(torch.nn.Module):
 def learner_and_batch(tiny_model: str, top_p: float):
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
     from agentrl.types import Episode, TrainBatch
 
-    lrn = Learner(tiny_model, LearnerConfig(micro_batch_size=3), AlgoConfig(), 0.8, 3, top_p=top_p)
+    lrn = Learner(LearnerSpec(tiny_model, LearnerConfig(micro_batch_size=3), AlgoConfig(), 3, temperature=0.8, top_p=top_p))
     eps = []  # prompts of 4, 5 and 6 tokens: the earliest scored token is column 4
     for toks, n_prompt in (([1, 275, 201, 301, 299, 310, 2, 3], 4), ([1, 275, 201, 301, 305, 306, 2], 5),
                            ([1, 280, 201, 302, 303, 304, 311, 312, 2], 6)):

@@ -50,10 +50,11 @@ def build(model: str, zero: int, algo: AlgoConfig, mini_batches: int):
     """What each rank runs to build its Learner (by reference to importable names: rank processes
     cannot import this test module)."""
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
     cfg = LearnerConfig(lr=5e-3, zero_stage=zero, micro_batch_size=1, mini_batches=mini_batches)
     critic = CriticConfig(zero_stage=zero) if algo.advantage.type == "gae" else None
-    return partial(Learner, model, cfg, algo, 1.0, 8, critic=critic, critic_path=model if critic else None)
+    return partial(Learner, LearnerSpec(model, cfg, algo, 8, critic=critic, critic_path=model if critic else None))
 
 
 def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini_batches: int):

@@ -8,6 +8,7 @@ an AgentEnv episode. tests/test_e2e_responses.py runs the SDK agent on a real vL
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import agents
 import httpx
@@ -196,7 +197,7 @@ async def play_agents(engine, fmt, tasks):
     """tests/test_agent_env.py's `play`, with room in a turn for a whole tool call."""
     cfg = RolloutConfig(max_turns=4, max_tokens_per_turn=128, temperature=1.0)
     spec = EpisodeSpec(SdkAgent, {}, fmt, cfg, 1024)
-    spec.server = make_server(spec, engine, ServerConfig())
+    spec = dataclasses.replace(spec, server=make_server(spec, engine, ServerConfig()))
     await spec.server.start()
     try:
         pool = RolloutPool(engine, spec)

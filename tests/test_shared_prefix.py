@@ -57,10 +57,11 @@ def make_batch() -> TrainBatch:
 
 def new_learner(path: str, learner: dict | None = None, **algo):
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
     cfg = LearnerConfig(lr=1e-2, micro_batch_size=8, **(learner or {}))
     torch.manual_seed(0)  # LoRA's A matrices start random
-    return Learner(path, cfg, AlgoConfig(**algo), 0.8, 7, total_steps=2)
+    return Learner(LearnerSpec(path, cfg, AlgoConfig(**algo), 7, temperature=0.8, total_steps=2))
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9], ids=["chunked-head", "nucleus"])

@@ -12,8 +12,9 @@ import math
 import pytest
 import torch
 
-from agentrl.algo import POLICY_LOSSES, PolicyLossConfig, PolicyLossInputs, kl_estimate
+from agentrl.algo import POLICY_LOSSES, PolicyLossInputs, kl_estimate
 from agentrl.algo.logprobs import LOGPROB_FLOOR, picked_logprobs, sampling_logits, token_entropy, token_logprobs
+from agentrl.config import AlgoConfig
 
 FLOOR = LOGPROB_FLOOR
 
@@ -176,9 +177,9 @@ def test_token_outside_the_nucleus_gives_finite_losses_and_gradients():
             old_logp = token_logprobs(old_rows[old].expand(1, 4, vocab), ids, 1.0, 0.9) * mask
             ref_logp = token_logprobs(old_rows[ref].expand(1, 4, vocab), ids, 1.0, 0.9) * mask
         seen.add(logp[0, 1].item())
-        cfg = PolicyLossConfig(clip_low=0.2, clip_high=0.2, dual_clip=None, correction=correction,
-                               correction_level=level, is_low=0.5, is_high=2.0, agg="token_mean",
-                               constant_norm=1.0, entropy_coef=0.01, trust_region=trust, m2_tau=0.04)
+        cfg = AlgoConfig(clip_low=0.2, clip_high=0.2, dual_clip=None, agg="token_mean", constant_norm=1.0,
+                         entropy_coef=0.01, trust_region=trust,  # clip: eps 0.2 / 0.2, m2: tau 0.04 (defaults)
+                         correction={"type": correction} | ({"level": level} if correction != "none" else {}))
         inp = PolicyLossInputs(logp_BT=logp * mask, old_logp_BT=old_logp, behav_logp_BT=behav,
                                advantages_BT=torch.full((1, 4), adv), mask_BT=mask,
                                entropy_BT=token_entropy(logits, 1.0, 0.9))
@@ -198,6 +199,7 @@ def test_vllm_top_p_logprobs_match_the_learner(tiny_model, tiny_tokenizer):
     sampled tokens equal vLLM's within 1e-4, and without the mask they would be off by more than 1e-2."""
     from agentrl.config import AlgoConfig, EngineConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
     from agentrl.rollout.engine import Engine
     from agentrl.types import Episode, TrainBatch
 
@@ -226,8 +228,8 @@ def test_vllm_top_p_logprobs_match_the_learner(tiny_model, tiny_tokenizer):
             ep.append(gen.token_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
             episodes.append(ep)
         batch = TrainBatch.from_episodes(episodes, torch.zeros(len(episodes)), tok.pad_token_id)
-        learner = Learner(tiny_model, LearnerConfig(micro_batch_size=4), AlgoConfig(), temperature,
-                          len(episodes), top_p=0.9)
+        learner = Learner(LearnerSpec(tiny_model, LearnerConfig(micro_batch_size=4), AlgoConfig(), len(episodes),
+                                      temperature=temperature, top_p=0.9))
         on = batch.loss_mask > 0
         masked = learner.logprobs(batch)
         with torch.no_grad():

@@ -9,6 +9,7 @@ the ledger holds the conversation, and a raising reward function is an env_error
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -38,7 +39,7 @@ async def _play(tokenizer, script, task_list, max_turns: int = 4, tool_parser: s
     cfg = RolloutConfig(max_turns=max_turns, max_tokens_per_turn=64, episode_timeout_s=60.0, temperature=1.0,
                         tool_parser=tool_parser)
     spec = EpisodeSpec(VerifiersEnv, {}, fmt, cfg, 1024)
-    spec.server = make_server(spec, engine, ServerConfig())
+    spec = dataclasses.replace(spec, server=make_server(spec, engine, ServerConfig()))
     await spec.server.start()
     try:
         pool = RolloutPool(engine, spec)

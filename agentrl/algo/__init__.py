@@ -3,17 +3,17 @@ reward shaping, KL control, and the preference (DPO, IPO, KTO) and reward-model 
 
 Call sites pick an entry from a registry by its config name and call it with one typed input:
     ADVANTAGES[name](AdvantageInputs(...)) -> AdvantageOutput
-    POLICY_LOSSES[name](PolicyLossInputs(...), PolicyLossConfig(...)) -> (loss, metrics)
+    POLICY_LOSSES[name](PolicyLossInputs(...), settings) -> (loss, metrics); settings: the config's `algo`
     make_kl_controller(kind, kl_coef, target, horizon) -> KLController
     PREFERENCE_LOSSES[name](policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=...) -> PreferenceLoss
 """
 
 from .advantages import ADVANTAGES, AdvantageInputs, AdvantageOutput, register_advantage
-from .correction import (ImportanceWeights, behaviour_trust_mask, correction_metrics, importance_weights,
+from .correction import (CorrectionSettings, ImportanceWeights, TrustRegionSettings, behaviour_trust_mask, correction_metrics, importance_weights,
                          masked_mean, staleness_buckets)
 from .losses import (
     POLICY_LOSSES,
-    PolicyLossConfig,
+    PolicyLossSettings,
     PolicyLossInputs,
     aggregate,
     kl_estimate,
@@ -51,13 +51,15 @@ __all__ = [
     "AdaptiveKLController",
     "AdvantageInputs",
     "AdvantageOutput",
+    "CorrectionSettings",
     "FixedKLController",
     "ImportanceWeights",
     "KLController",
-    "PolicyLossConfig",
+    "PolicyLossSettings",
     "PolicyLossInputs",
     "PreferenceLoss",
     "RunningMoments",
+    "TrustRegionSettings",
     "aggregate",
     "behaviour_trust_mask",
     "bradley_terry",

@@ -11,12 +11,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 CORRECTIONS = ("none", "tis", "mask")
 CORRECTION_LEVELS = ("token", "sequence")
 TRUST_REGIONS = ("none", "clip", "neg_clip", "m2")
+
+
+class CorrectionSettings(Protocol):
+    """The config tree's `algo.correction` (agentrl.config.algo): a type and only the settings it has.
+    none: nothing more; tis: `level`, `high`; mask: `level`, `low`, `high`."""
+
+    type: str
+
+
+class TrustRegionSettings(Protocol):
+    """The config tree's `algo.trust_region` (agentrl.config.algo): a type and only the bounds it has.
+    none: nothing more; clip: `eps_low`, `eps_high`; neg_clip: `eps_low`; m2: `tau`."""
+
+    type: str
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -38,17 +53,20 @@ class ImportanceWeights:
 
 
 def importance_weights(old_logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, mask_BT: torch.Tensor,
-                       correction: str, level: str, is_low: float, is_high: float) -> ImportanceWeights:
-    """w = pi_old / mu = exp(old_logp - behav_logp), detached, at token or sequence level.
+                       correction: CorrectionSettings, level: str | None = None) -> ImportanceWeights:
+    """w = pi_old / mu = exp(old_logp - behav_logp), detached, at token or sequence level (`level`, else
+    the correction's own; token for `none`, whose weight is only reported).
 
     Sequence level: w_i = exp(mean_{t in y_i} log w_t), the geometric mean of the token weights
-    (length-normalised, as in GSPO). Corrections:
+    (length-normalised, as in GSPO). Corrections (`correction.type`):
       none: w is reported but not applied (weight 1);
-      tis:  w <- min(w, is_high)                              (truncated IS);
-      mask: w <- w if is_low <= w <= is_high else 0           (masked IS; AReaL's behaviour cap).
+      tis:  w <- min(w, high)                                 (truncated IS);
+      mask: w <- w if low <= w <= high else 0                 (masked IS; AReaL's behaviour cap).
     """
-    if correction not in CORRECTIONS:
-        raise ValueError(f"unknown correction {correction!r}; expected one of {CORRECTIONS}")
+    kind = correction.type
+    if kind not in CORRECTIONS:
+        raise ValueError(f"unknown correction {kind!r}; expected one of {CORRECTIONS}")
+    level = level or ("token" if kind == "none" else correction.level)
     if level not in CORRECTION_LEVELS:
         raise ValueError(f"unknown correction level {level!r}; expected one of {CORRECTION_LEVELS}")
     log_w_BT = torch.where(mask_BT > 0, old_logp_BT.detach() - behav_logp_BT.detach(), 0.0)
@@ -58,12 +76,12 @@ def importance_weights(old_logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, m
     else:
         unit_mask_U = mask_BT
         raw_U = log_w_BT.exp()
-    if correction == "none":
+    if kind == "none":
         applied_U, corrected_U = torch.ones_like(raw_U), torch.zeros_like(raw_U, dtype=torch.bool)
-    elif correction == "tis":
-        applied_U, corrected_U = raw_U.clamp(max=is_high), raw_U > is_high
+    elif kind == "tis":
+        applied_U, corrected_U = raw_U.clamp(max=correction.high), raw_U > correction.high
     else:
-        corrected_U = (raw_U < is_low) | (raw_U > is_high)
+        corrected_U = (raw_U < correction.low) | (raw_U > correction.high)
         applied_U = torch.where(corrected_U, 0.0, raw_U)
     corrected_U = corrected_U & (unit_mask_U > 0)
     weight_BT = applied_U[:, None].expand_as(mask_BT) if level == "sequence" else applied_U
@@ -97,29 +115,29 @@ def correction_metrics(iw: ImportanceWeights, old_logp_BT: torch.Tensor, behav_l
 
 
 def staleness_buckets(old_logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, mask_BT: torch.Tensor,
-                      staleness_BT: torch.Tensor, correction: str, level: str, is_low: float,
-                      is_high: float) -> dict[str, float]:
+                      staleness_BT: torch.Tensor, correction: CorrectionSettings) -> dict[str, float]:
     """Correction diagnostics per staleness bucket (learner version minus token version), e.g.
     `stale2/is_ess`: how far behaviour and proximal policies drift as samples age."""
     out: dict[str, float] = {}
     for s in sorted(set(staleness_BT[mask_BT > 0].tolist())):
         mask = mask_BT * (staleness_BT == s)
-        iw = importance_weights(old_logp_BT, behav_logp_BT, mask, correction, level, is_low, is_high)
+        iw = importance_weights(old_logp_BT, behav_logp_BT, mask, correction)
         for key, val in correction_metrics(iw, old_logp_BT, behav_logp_BT, mask).items():
             if key in ("is_ess", "is_corrected_frac", "mismatch_k1", "mismatch_abs"):
                 out[f"stale{s}/{key}"] = val
         out[f"stale{s}/tokens"] = float(mask.sum())
     return out
 
+
 def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv_BT: torch.Tensor,
-                         mask_BT: torch.Tensor, kind: str, eps_low: float, eps_high: float,
-                         m2_tau: float) -> torch.Tensor:
+                         mask_BT: torch.Tensor, region: TrustRegionSettings) -> torch.Tensor:
     """(B, T) detached 0/1 keep-mask: a trust region around the behaviour policy mu.
 
     With one optimizer step per batch, decoupled PPO's ratio r = pi_theta / pi_prox is exactly 1 where
     the gradient is taken, so its clip never acts and nothing bounds how far a stale batch pushes the
-    policy from the one that sampled it. These rules act on rho_t = pi_theta(y_t) / mu(y_t) instead
-    (pi_theta = pi_prox at the first mini-batch, so rho = w there), at any number of mini-batches:
+    policy from the one that sampled it. These rules (`region.type`, each with bounds of its own, not
+    PPO's clip) act on rho_t = pi_theta(y_t) / mu(y_t) instead (pi_theta = pi_prox at the first
+    mini-batch, so rho = w there), at any number of mini-batches:
       clip:     drop tokens whose rho has left [1 - eps_low, 1 + eps_high] in the direction the advantage
                 pushes: A < 0 and rho < 1 - eps_low, or A > 0 and rho > 1 + eps_high. That is PPO's own
                 clip (Schulman et al. 2017) anchored at mu, as in verl's and OpenRLHF's "bypass" mode.
@@ -127,10 +145,11 @@ def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv
                 1 - p -> 0 as p -> 1); pushing one down is not, and the tokens that drove the measured
                 collapse were A < 0 tokens already cut below mu (bench/staleness.py; README, "Staleness").
       m2:       M2PO (Zheng et al. 2025, "Prosperity before Collapse"): drop the tokens with the largest
-                (log rho)^2 until the mean over the kept ones is <= m2_tau, a bound on the second moment
+                (log rho)^2 until the mean over the kept ones is <= tau, a bound on the second moment
                 of the log importance ratio; both directions, whatever the advantage.
       none:     keep every token.
     """
+    kind = region.type
     if kind not in TRUST_REGIONS:
         raise ValueError(f"unknown trust region {kind!r}; expected one of {TRUST_REGIONS}")
     on_BT = mask_BT > 0
@@ -138,11 +157,11 @@ def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv
     if kind == "none":
         return mask_BT.new_ones(mask_BT.shape)
     if kind == "m2":
-        return _m2_keep(log_rho_BT**2, on_BT, m2_tau).to(mask_BT.dtype)
-    adv_BT = adv_BT.detach()
+        return _m2_keep(log_rho_BT**2, on_BT, region.tau).to(mask_BT.dtype)
+    adv_BT, eps_low = adv_BT.detach(), region.eps_low
     drop_BT = (adv_BT < 0) & (log_rho_BT < math.log1p(-eps_low)) if eps_low < 1 else torch.zeros_like(on_BT)
     if kind == "clip":
-        drop_BT = drop_BT | ((adv_BT > 0) & (log_rho_BT > math.log1p(eps_high)))
+        drop_BT = drop_BT | ((adv_BT > 0) & (log_rho_BT > math.log1p(region.eps_high)))
     return (~(drop_BT & on_BT)).to(mask_BT.dtype)
 
 

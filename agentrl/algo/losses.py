@@ -11,11 +11,12 @@ Shapes: B sequences, T ledger positions; every (B, T) tensor is aligned by posit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Protocol
 
 import torch
 
-from .correction import behaviour_trust_mask, correction_metrics, importance_weights, masked_mean
+from .correction import (CorrectionSettings, TrustRegionSettings, behaviour_trust_mask, correction_metrics,
+                         importance_weights, masked_mean)
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant")
 KL_KINDS = ("k1", "k2", "k3")
@@ -31,32 +32,22 @@ class PolicyLossInputs:
     entropy_BT: torch.Tensor | None = None  # (B, T) policy entropy per position (metric / bonus)
 
 
-@dataclass
-class PolicyLossConfig:
-    """Policy-loss settings. Their defaults, bounds and descriptions live in one place, the config tree's
-    `AlgoConfig` (its `loss_settings()` names them); `from_settings` reads them from it."""
+class PolicyLossSettings(Protocol):
+    """What a policy loss reads: the config tree's `algo` section (`agentrl.config.AlgoConfig`) itself, its
+    sub-configs typed by their `type`, never flattened. Stated here rather than imported, since algo/ imports
+    only torch; the bounds, defaults and descriptions live in the config tree."""
 
-    clip_low: float  # r is clipped below at 1 - clip_low
-    clip_high: float  # r is clipped above at 1 + clip_high (DAPO's clip-higher when > clip_low)
+    clip_low: float  # r = pi_theta / pi_old is clipped below at 1 - clip_low
+    clip_high: float  # ... and above at 1 + clip_high (DAPO's clip-higher when > clip_low)
     dual_clip: float | None  # c > 1: loss <= -c * A for A < 0 (Ye et al. 2020, dual-clip PPO)
-    correction: str  # "none" | "tis" (w <- min(w, is_high)) | "mask" (w <- 0 outside bounds)
-    correction_level: str  # "token" | "sequence" (w_i = geometric mean of token weights)
-    is_low: float  # lower bound of w for "mask"
-    is_high: float  # truncation for "tis", upper bound for "mask"
+    correction: CorrectionSettings  # the importance weight pi_old / mu (`importance_weights`)
+    trust_region: TrustRegionSettings  # the keep-mask around mu (`behaviour_trust_mask`)
     agg: str  # see `aggregate`
     constant_norm: float  # "constant" aggregation divides the token sum by B * constant_norm
     entropy_coef: float  # loss -= entropy_coef * aggregate(entropy)
-    trust_region: str  # "none" | "clip" | "neg_clip" | "m2": the keep-mask around mu (`behaviour_trust_mask`)
-    m2_tau: float  # the bound on mean (log pi_theta/mu)^2 for trust_region "m2"
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> "PolicyLossConfig":
-        """Built from `settings.loss_settings()` (an `agentrl.config.AlgoConfig`, whose sub-configs it
-        flattens into these fields by name)."""
-        return cls(**settings.loss_settings())
 
 
-PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossConfig], tuple[torch.Tensor, dict[str, float]]]
+PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossSettings], tuple[torch.Tensor, dict[str, float]]]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 
@@ -121,7 +112,7 @@ def _log_ratio(inp: PolicyLossInputs) -> torch.Tensor:
 
 
 def _clipped_surrogate(ratio_BT: torch.Tensor, adv_BT: torch.Tensor,
-                       cfg: PolicyLossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+                       cfg: PolicyLossSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO (Schulman et al. 2017): l = -min(r A, clip(r, 1-eps_lo, 1+eps_hi) A); dual clip (Ye et
     al. 2020): l = min(l, -c A) for A < 0. Returns the per-token loss and where a clip is active
     (those tokens have zero gradient)."""
@@ -137,7 +128,7 @@ def _clipped_surrogate(ratio_BT: torch.Tensor, adv_BT: torch.Tensor,
 
 
 def _finish(loss_BT: torch.Tensor, weight_BT: torch.Tensor, active_BT: torch.Tensor, inp: PolicyLossInputs,
-            cfg: PolicyLossConfig, metrics: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
+            cfg: PolicyLossSettings, metrics: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
     """Weight by w, aggregate, add the entropy bonus and the shared metrics."""
     mask_BT = inp.mask_BT
     loss = aggregate(loss_BT * weight_BT, mask_BT, cfg.agg, cfg.constant_norm)
@@ -151,34 +142,35 @@ def _finish(loss_BT: torch.Tensor, weight_BT: torch.Tensor, active_BT: torch.Ten
     return loss, metrics
 
 
-def _weights(inp: PolicyLossInputs, cfg: PolicyLossConfig, level: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """The detached weight (B, T) to multiply into the loss: the importance weight times the trust
-    region's keep-mask; and the correction metrics, `trust_masked_frac` the share of tokens dropped."""
-    iw = importance_weights(inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT, cfg.correction, level,
-                            cfg.is_low, cfg.is_high)
+def _weights(inp: PolicyLossInputs, cfg: PolicyLossSettings,
+             level: str | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The detached weight (B, T) to multiply into the loss: the importance weight (at the correction's
+    own level unless `level` says otherwise) times the trust region's keep-mask; and the correction
+    metrics, `trust_masked_frac` the share of tokens dropped."""
+    iw = importance_weights(inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT, cfg.correction, level)
     keep_BT = behaviour_trust_mask(inp.logp_BT, inp.behav_logp_BT, inp.advantages_BT, inp.mask_BT,
-                                   cfg.trust_region, cfg.clip_low, cfg.clip_high, cfg.m2_tau)
+                                   cfg.trust_region)
     metrics = correction_metrics(iw, inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT)
     metrics["trust_masked_frac"] = float(masked_mean(1.0 - keep_BT, inp.mask_BT))
     return iw.weight_BT * keep_BT, metrics
 
 
 @register_policy_loss("ppo_clip")
-def ppo_clip(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """Decoupled PPO-clip: loss_t = -w_t min(r_t A_t, clip(r_t, 1-eps_lo, 1+eps_hi) A_t), + dual clip."""
-    weight_BT, metrics = _weights(inp, cfg, cfg.correction_level)
+    weight_BT, metrics = _weights(inp, cfg)
     loss_BT, active_BT = _clipped_surrogate(_log_ratio(inp).exp(), inp.advantages_BT, cfg)
     return _finish(loss_BT, weight_BT, active_BT, inp, cfg, metrics)
 
 
 @register_policy_loss("gspo")
-def gspo(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def gspo(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025), token form as in the paper's GSPO-token and verl:
         s_i   = exp(mean_{t in y_i} (logp_t - old_logp_t))            (sequence ratio)
         s_i,t = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t))           (value s_i, grad s_i * dlogp_t)
         loss_t = -w_i min(s_i,t A_t, clip(s_i,t, 1-eps_lo, 1+eps_hi) A_t)
     With seq_mean_token_mean aggregation and one advantage per sequence this is sequence-level GSPO.
-    The importance weight w is always per sequence here (correction_level is ignored).
+    The importance weight w is always per sequence here (algo.correction.level is not read).
     """
     weight_BT, metrics = _weights(inp, cfg, "sequence")
     log_r_BT = _log_ratio(inp)
@@ -190,13 +182,13 @@ def gspo(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, di
 
 
 @register_policy_loss("cispo")
-def cispo(inp: PolicyLossInputs, cfg: PolicyLossConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def cispo(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO (MiniMax-M1, 2025): loss_t = -w_t sg(clip(r_t, 1-eps_lo, 1+eps_hi)) A_t logp_t.
 
     The ratio is clipped inside a stop-gradient, so clipped tokens still get a (bounded) gradient;
     clip_frac counts tokens whose ratio was outside the range.
     """
-    weight_BT, metrics = _weights(inp, cfg, cfg.correction_level)
+    weight_BT, metrics = _weights(inp, cfg)
     ratio_BT = _log_ratio(inp).exp().detach()
     coef_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     loss_BT = -coef_BT * inp.advantages_BT * inp.logp_BT

@@ -2,7 +2,8 @@
 
 A setting that applies under one choice lives inside that choice (prime-rl's shape): the advantage
 estimator, the KL term and the off-policy correction are sub-configs discriminated by `type`, so
-`gamma` can only be written inside `advantage: {type: gae}` and a KL setting only inside a `kl` term.
+`gamma` can only be written inside `advantage: {type: gae}`, a KL setting only inside a `kl` term and a
+trust region's bounds only inside `trust_region`: no key is read under one choice and ignored under another.
 A bare string is the short form of a sub-config with its defaults (`advantage: grpo` is
 `advantage: {type: grpo}`). Keys of the old flat layout (`algo.kl_coef`, ...) are named in
 `MOVED_KEYS`: the loader answers them with the new place in one line.
@@ -30,6 +31,7 @@ MOVED_KEYS = {
     "algo.correction_level": "algo.correction.level (with algo.correction.type tis or mask)",
     "algo.is_low": "algo.correction.low (with algo.correction.type mask)",
     "algo.is_high": "algo.correction.high (with algo.correction.type tis or mask)",
+    "algo.m2_tau": "algo.trust_region.tau (with algo.trust_region.type m2)",
 }
 
 # Built-in policy losses that take the PPO clipped surrogate, the only place dual_clip acts.
@@ -175,6 +177,40 @@ class MaskCorrection(_Weighted):
 Correction = Annotated[Union[NoCorrection, TISCorrection, MaskCorrection], Field(discriminator="type")]
 
 
+class NoTrustRegion(_Base):
+    """Every token is kept, however far pi_theta has moved from mu."""
+
+    type: Literal["none"] = Field(description="no trust region around mu")
+
+
+class ClipTrustRegion(_Base):
+    """PPO's clip anchored at mu: drop tokens whose rho = pi_theta/mu has left [1 - eps_low, 1 + eps_high]
+    the way their advantage pushes (A < 0 below, A > 0 above). Its own bounds: PPO's ratio clip
+    (algo.clip_low / clip_high) acts on pi_theta/pi_old, a different ratio."""
+
+    type: Literal["clip"] = Field(description="both sides, in the advantage's direction")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="A < 0 tokens with rho < 1 - eps_low are dropped")
+    eps_high: float = Field(0.2, ge=0.0, le=10.0, description="A > 0 tokens with rho > 1 + eps_high are dropped")
+
+
+class NegClipTrustRegion(_Base):
+    """Only the A < 0 side of `clip`: pushing a token down is not self-limiting, pushing one up is."""
+
+    type: Literal["neg_clip"] = Field(description="only A < 0 tokens cut below mu")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="A < 0 tokens with rho < 1 - eps_low are dropped")
+
+
+class M2TrustRegion(_Base):
+    """M2PO: drop the tokens with the largest (log rho)^2 until the mean over the kept ones is <= tau."""
+
+    type: Literal["m2"] = Field(description="bound on the second moment of log pi_theta/mu")
+    tau: float = Field(0.04, gt=0.0, description="bound on the mean squared log ratio")
+
+
+TrustRegion = Annotated[Union[NoTrustRegion, ClipTrustRegion, NegClipTrustRegion, M2TrustRegion],
+                        Field(discriminator="type")]
+
+
 class AlgoConfig(_Base):
     """RL math: registry names and their settings (agentrl.algo); a choice's own settings live inside it."""
 
@@ -184,20 +220,20 @@ class AlgoConfig(_Base):
     policy_loss: str = Field("ppo_clip", description="name in agentrl.algo.POLICY_LOSSES")
     mode: Literal["decoupled", "bypass"] = Field(
         "decoupled", description="decoupled: learner recomputes pi_prox; bypass: vLLM's mu is the old policy")
-    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio lower clip epsilon")
-    clip_high: float = Field(0.2, ge=0.0, le=10.0, description="PPO ratio upper clip epsilon")
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio lower clip epsilon, on pi_theta/pi_old "
+                                                            "(the trust region around mu has its own bounds)")
+    clip_high: float = Field(0.2, ge=0.0, le=10.0, description="PPO ratio upper clip epsilon, on pi_theta/pi_old")
     dual_clip: float | None = Field(None, gt=1.0, description="dual-clip PPO constant c > 1 (None = off); only "
                                                               "with the clipped surrogate (ppo_clip, gspo)")
     correction: Correction = Field(default_factory=lambda: TISCorrection(type="tis"),
                                    description="importance weight pi_prox/mu: none, tis {level, high} or "
                                                "mask {level, low, high}")
-    trust_region: Literal["none", "clip", "neg_clip", "m2"] = Field(
-        "clip", description="trust region around the behaviour policy mu, acting on pi_theta/mu at any number of "
-                            "mini-batches: clip drops tokens pushed past [1-clip_low, 1+clip_high] the way their "
-                            "advantage points, neg_clip only those with A < 0, m2 the largest (log pi_theta/mu)^2 "
-                            "until their mean is <= m2_tau (M2PO)")
-    m2_tau: float = Field(0.04, gt=0.0, description="bound on the mean squared log ratio; only with "
-                                                    "trust_region m2")
+    trust_region: TrustRegion = Field(
+        default_factory=lambda: ClipTrustRegion(type="clip"),
+        description="trust region around the behaviour policy mu, acting on rho = pi_theta/mu at any number of "
+                    "mini-batches: clip {eps_low, eps_high} drops tokens pushed past [1-eps_low, 1+eps_high] the "
+                    "way their advantage points, neg_clip {eps_low} only those with A < 0, m2 {tau} the largest "
+                    "(log rho)^2 until their mean is <= tau (M2PO), or none")
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
         "token_mean", description="loss aggregation")
     constant_norm: float = Field(1.0, gt=0.0, description="'constant' aggregation divides the token sum by "
@@ -228,7 +264,7 @@ class AlgoConfig(_Base):
                 raise ValueError(msg)
         return data
 
-    @field_validator("advantage", "kl", "correction", mode="before")
+    @field_validator("advantage", "kl", "correction", "trust_region", mode="before")
     @classmethod
     def _short(cls, v: Any) -> Any:
         return short_form(v)
@@ -239,27 +275,13 @@ class AlgoConfig(_Base):
 
         if self.policy_loss not in POLICY_LOSSES:
             raise ValueError(f"algo.policy_loss={self.policy_loss!r} is not one of {sorted(POLICY_LOSSES)}")
-        given = self.model_fields_set
         # A registered loss of your own may read dual_clip; of the built-ins only the clipped surrogate does.
         if self.dual_clip is not None and self.policy_loss in ("cispo",):
             raise ValueError(f"algo.dual_clip applies only with algo.policy_loss {' or '.join(DUAL_CLIP_LOSSES)} "
                              f"(the clipped surrogate), not {self.policy_loss}")
-        # A value other than the default: a written-out config (train's summary.json) holds every key.
-        if "m2_tau" in given and self.trust_region != "m2" and self.m2_tau != type(self).model_fields["m2_tau"].default:
-            raise ValueError(f"algo.m2_tau applies only with algo.trust_region m2, not {self.trust_region}")
         return self
 
     @property
     def has_kl(self) -> bool:
         """A KL term is configured: the learner builds a frozen reference model."""
         return self.kl.type != "none"
-
-    def loss_settings(self) -> dict[str, Any]:
-        """The flat values `agentrl.algo.PolicyLossConfig` reads; a correction without a bound gets the
-        defaults (unread: the loss reads bounds only of the correction that has them)."""
-        c = self.correction
-        return dict(clip_low=self.clip_low, clip_high=self.clip_high, dual_clip=self.dual_clip,
-                    correction=c.type, correction_level=getattr(c, "level", "token"),
-                    is_low=getattr(c, "low", 0.5), is_high=getattr(c, "high", 2.0),
-                    agg=self.agg, constant_norm=self.constant_norm, entropy_coef=self.entropy_coef,
-                    trust_region=self.trust_region, m2_tau=self.m2_tau)

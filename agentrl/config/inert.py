@@ -18,13 +18,12 @@ def inert_settings(cfg: Config) -> list[str]:
         return [k for k in keys if k in given]
 
     one_step = algo.mode == "decoupled" and cfg.learner.mini_batches == 1 and algo.policy_loss in _RATIO_LOSSES
+    region = algo.trust_region
     if one_step:
-        # trust_region clip reads both bounds (around mu), neg_clip only clip_low
-        used = {"clip": ("clip_low", "clip_high"), "neg_clip": ("clip_low",)}.get(algo.trust_region, ())
-        ratio_keys = ["dual_clip"] if algo.dual_clip is not None else []
-        ratio_keys += [k for k in named("clip_low", "clip_high") if k not in used]
-        bound = (f"the update is bounded by algo.trust_region={algo.trust_region}, which acts on pi_theta/mu"
-                 if algo.trust_region != "none" else
+        # The trust region has bounds of its own (algo.trust_region.eps_low, ...): PPO's clip is not read there.
+        ratio_keys = (["dual_clip"] if algo.dual_clip is not None else []) + named("clip_low", "clip_high")
+        bound = (f"the update is bounded by algo.trust_region={region.type}, which acts on pi_theta/mu"
+                 if region.type != "none" else
                  "bound the update with algo.trust_region (clip, neg_clip or m2), which acts on pi_theta/mu")
         for key in ratio_keys:
             out.append(f"algo.{key}={getattr(algo, key)} has no effect: with algo.mode=decoupled and "
@@ -33,13 +32,23 @@ def inert_settings(cfg: Config) -> list[str]:
     if algo.mode == "bypass" and "correction" in given:
         out.append(f"algo.correction={algo.correction.type} has no effect: in algo.mode=bypass the ratio's denominator "
                    f"is mu itself, so the importance weight pi_old/mu is 1")
-    if algo.mode == "bypass" and algo.policy_loss == "ppo_clip" and algo.trust_region in ("clip", "neg_clip") \
-            and named("trust_region"):
-        out.append(f"algo.trust_region={algo.trust_region} repeats PPO's own clip in algo.mode=bypass, where the "
-                   f"ratio is already taken against mu")
+    if algo.mode == "bypass" and algo.policy_loss == "ppo_clip" and named("trust_region") and _within_ppo_clip(algo):
+        out.append(f"algo.trust_region={region.type} repeats PPO's own clip in algo.mode=bypass, where the ratio "
+                   f"is already taken against mu: its bounds are no tighter than algo.clip_low/clip_high, so every "
+                   f"token it drops already has no gradient there; tighten algo.trust_region.eps_low/eps_high or "
+                   f"set algo.trust_region=none")
     # Keys of a choice not taken (gamma without gae, a KL setting without a KL term, is_low without
-    # mask, m2_tau without m2, dual_clip with cispo) cannot be written any more: see agentrl.config.algo.
+    # mask, tau without m2, dual_clip with cispo) cannot be written any more: see agentrl.config.algo.
     if cfg.learner.lora.rank > 0 and cfg.learner.lora.dropout > 0:
         out.append(f"learner.lora.dropout={cfg.learner.lora.dropout} has no effect in RL: every learner pass runs "
                    f"without dropout, so pi_prox, pi_theta and the reference are the same function of the weights")
     return out
+
+
+def _within_ppo_clip(algo) -> bool:
+    """A clip or neg_clip trust region drops only tokens that PPO's clip, taken against mu (bypass), already
+    cuts off from the gradient: A < 0 below 1 - eps_low (and, for clip, A > 0 above 1 + eps_high)."""
+    region = algo.trust_region
+    if region.type not in ("clip", "neg_clip") or region.eps_low < algo.clip_low:
+        return False
+    return region.type == "neg_clip" or region.eps_high >= algo.clip_high

@@ -1,5 +1,5 @@
 """Typed sub-configs: a field whose value is one of several models told apart by their `type` (the
-`algo` section's advantage, kl and correction; `agentrl.config.algo`). What the loader, `--help` and
+`algo` section's advantage, kl, correction and trust_region; `agentrl.config.algo`). What the loader, `--help` and
 `AlgoConfig` need to know of them: the members, which member a type picks, and where a key belongs.
 """
 

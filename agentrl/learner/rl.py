@@ -21,13 +21,14 @@ from typing import Iterator
 import torch
 
 from agentrl import faults
-from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossConfig, PolicyLossInputs, RunningMoments,
+from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, KLController, PolicyLossInputs, RunningMoments,
                           aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards, make_kl_controller,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)
-from agentrl.config import AlgoConfig, CriticConfig, LearnerConfig
+from agentrl.config import AlgoConfig
 from agentrl.learner.dist import gather_rows, init_single_process_dist
 from agentrl.learner.policy_head import head_logprobs
 from agentrl.learner.shared_prefix import MIN_SAVED, scored_logprobs
+from agentrl.learner.spec import LearnerSpec
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import accumulate, local_grad_norm, micro_slices, rows_mask, weighted, zero_loss
@@ -48,40 +49,46 @@ class StepMetrics:
     share: float = 1.0  # this rank's part of the step's tokens (or rows): how rank metrics are merged
 
 
+def kl_controller(algo: AlgoConfig) -> KLController:
+    """The KL weight's controller (algo.kl.controller); without a KL term a fixed weight 0, kept so the
+    checkpoint's state has the same shape."""
+    if not algo.has_kl:
+        return make_kl_controller("fixed", 0.0)
+    ctl = algo.kl.controller
+    if ctl.type == "adaptive":
+        return make_kl_controller("adaptive", algo.kl.coef, ctl.target, ctl.horizon)
+    return make_kl_controller(ctl.type, algo.kl.coef)
+
+
 class Learner:
     """The actor engine, plus the frozen reference (a KL term: algo.kl), the critic (advantage 'gae'), an EMA
     of the actor (ema_decay > 0) and the unsupervised LM loss (unsup_coef > 0), as configured."""
 
-    def __init__(self, model_path: str, cfg: LearnerConfig, algo: AlgoConfig, temperature: float,
-                 batch_size: int, critic: CriticConfig | None = None, critic_path: str | None = None,
-                 total_steps: int = 1, unsup_batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                 top_p: float = 1.0) -> None:
-        """`critic_path`: the folder the critic starts from (needed when algo.advantage is 'gae').
-        `total_steps`: learner batches of the run, for the lr schedules. `unsup_batches`: (input_ids,
-        attention_mask) batches of text for the LM loss (`agentrl.data.lm_batches`).
-        `temperature`, `top_p`: the rollout's sampling settings. Every policy logprob here (pi_theta,
-        pi_prox, the reference) and the entropy are taken under the distribution vLLM samples from,
-        temperature-scaled and truncated to the top-p nucleus and renormalised
-        (`agentrl.algo.logprobs`): mu is that distribution, so r = pi_theta / pi_prox and
-        w = pi_prox / mu compare like with like. The reference uses it too, so the KL compares the
-        policy as sampled with the reference as it would be sampled: 0 before any update (over the
-        full vocabulary it would start at -log(nucleus mass) per token and push towards a sharper
-        policy); a token outside the reference's nucleus is scored as if the reference gave it
+    def __init__(self, spec: LearnerSpec,
+                 unsup_batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """`spec`: the settings (`LearnerSpec.from_config`). `unsup_batches`: (input_ids, attention_mask)
+        batches of text for the LM loss (`agentrl.data.lm_batches`).
+        Every policy logprob here (pi_theta, pi_prox, the reference) and the entropy are taken under the
+        distribution vLLM samples from (spec.temperature, spec.top_p), temperature-scaled and truncated
+        to the top-p nucleus and renormalised (`agentrl.algo.logprobs`): mu is that distribution, so
+        r = pi_theta / pi_prox and w = pi_prox / mu compare like with like. The reference uses it too, so
+        the KL compares the policy as sampled with the reference as it would be sampled: 0 before any
+        update (over the full vocabulary it would start at -log(nucleus mass) per token and push towards
+        a sharper policy); a token outside the reference's nucleus is scored as if the reference gave it
         probability e^LOGPROB_FLOOR."""
+        cfg, algo = spec.learner, spec.algo
         torch.set_num_threads(cfg.num_threads)
         init_single_process_dist()
         self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        if cfg.ema_decay > 0 and cfg.lora.rank > 0:
-            raise ValueError("learner.ema_decay with learner.lora.rank > 0 is not supported: the EMA tracks "
-                             "full weights; use one or the other")
         if cfg.unsup_coef > 0 and unsup_batches is None:
             raise ValueError("learner.unsup_coef > 0 needs unsup_batches (learner.unsup_data)")
-        self.cfg, self.algo, self.temperature, self.top_p = cfg, algo, temperature, top_p
+        self.spec, self.cfg, self.algo = spec, cfg, algo
+        self.temperature, self.top_p = spec.temperature, spec.top_p  # a test may narrow top_p after building
         bf16 = cfg.dtype == "bfloat16"
-        rows_per_mini = math.ceil(batch_size / cfg.mini_batches / self.world)  # this rank's share
+        rows_per_mini = math.ceil(spec.batch_size / cfg.mini_batches / self.world)  # this rank's share
         self.micro_per_mini = math.ceil(rows_per_mini / cfg.micro_batch_size)
-        optimizer_steps = max(total_steps, 1) * cfg.mini_batches
-        self.model_path = model_path
+        optimizer_steps = max(spec.total_steps, 1) * cfg.mini_batches
+        model_path = self.model_path = spec.model_path
         # No dropout in any RL pass: pi_prox (no grad), pi_theta (train mode) and the reference must be
         # the same function of the weights, or r = pi_theta / pi_prox != 1 at unchanged weights.
         self.engine = trained_engine(disable_dropout(load_causal_lm(model_path, cfg)), cfg, cfg.micro_batch_size,
@@ -94,19 +101,14 @@ class Learner:
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
             self.reference = eval_engine(ref, cfg, cfg.micro_batch_size, cfg.reference_offload)
         self.critic = None
-        if algo.advantage.type == "gae":
-            if critic is None or critic_path is None:
-                raise ValueError("algo.advantage 'gae' needs a critic (critic config and critic_path)")
-            self.critic_cfg = critic
-            self.critic = trained_engine(disable_dropout(load_value_model(critic_path, critic)), critic, cfg.micro_batch_size,
-                                         self.micro_per_mini, bf16, optimizer_steps)
+        if algo.advantage.type == "gae":  # the spec holds a critic and its folder with gae
+            critic = self.critic_cfg = spec.critic
+            self.critic = trained_engine(disable_dropout(load_value_model(spec.critic_path, critic)), critic,
+                                         cfg.micro_batch_size, self.micro_per_mini, bf16, optimizer_steps)
         self.ema = ModelEMA(self.engine.module, cfg.ema_decay, zero3=cfg.zero_stage == 3) if cfg.ema_decay else None
         self.unsup_batches = unsup_batches
-        ctl = algo.kl.controller if algo.has_kl else None  # no KL term: weight 0, kept for the checkpoint's state
-        self.kl_ctl = make_kl_controller(ctl.type if ctl else "fixed", algo.kl.coef if ctl else 0.0,
-                                         getattr(ctl, "target", None), getattr(ctl, "horizon", None))
+        self.kl_ctl = kl_controller(algo)
         self.reward_moments = RunningMoments()
-        self.loss_cfg = PolicyLossConfig.from_settings(algo)
         self.loss_fn = POLICY_LOSSES[algo.policy_loss]
         self.version = 0  # actor optimizer steps (also counted while the actor is frozen: pushes stay ordered)
         self.batches_seen = 0
@@ -177,9 +179,10 @@ class Learner:
                 token_rewards, _ = kl_penalized_token_rewards(rewards, logp, ref_logp, mask, metrics["kl_coef"])
                 if algo.advantage.type != "gae":  # scalar estimators see the episode's total shaped reward
                     rewards = token_rewards.sum(-1)
-        out = ADVANTAGES[algo.advantage.type](AdvantageInputs(
-            rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask, values_BT=values, token_rewards_BT=token_rewards,
-            gamma=getattr(algo.advantage, "gamma", 1.0), lam=getattr(algo.advantage, "lam", 1.0)))  # gae's only
+        est = algo.advantage
+        discount = dict(gamma=est.gamma, lam=est.lam) if est.type == "gae" else {}  # only gae has (and reads) them
+        out = ADVANTAGES[est.type](AdvantageInputs(rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask,
+                                                   values_BT=values, token_rewards_BT=token_rewards, **discount))
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         return metrics
 
@@ -203,7 +206,7 @@ class Learner:
             logp_BT=logp * mask, old_logp_BT=old_logp[rows].to(self.device),
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
             advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy)
-        loss, metrics = self.loss_fn(inputs, self.loss_cfg)
+        loss, metrics = self.loss_fn(inputs, self.algo)
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl.estimator)
             loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
@@ -314,8 +317,7 @@ class Learner:
             if start == 0:  # pi_prox before any update (reused: from the first step's pass, this rank's rows)
                 seen = batch.loss_mask * rows_mask(batch.size, self._share(rows) if reuse else range(batch.size))
                 buckets = staleness_buckets(old_logp, batch.behav_logprobs, seen, self.version - 1 - batch.versions,
-                                            self.loss_cfg.correction, self.loss_cfg.correction_level,
-                                            self.loss_cfg.is_low, self.loss_cfg.is_high)
+                                            self.algo.correction)
             results.append(StepMetrics(
                 loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),

@@ -29,9 +29,9 @@ class EngineFailure(Exception):
     """The engine failed to produce a turn (as opposed to the Env failing)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class EpisodeSpec:
-    """Everything that stays fixed across the episodes of one run."""
+    """Everything that stays fixed across the episodes of one run (built by `agentrl.startup.episode_spec`)."""
 
     env_cls: type[Environment]
     env_kwargs: dict[str, Any]
@@ -42,6 +42,12 @@ class EpisodeSpec:
     # whether reward sources other than the env's own score episodes (then an agent may return None).
     server: Any = None
     scored_by_sources: bool = False
+
+    @property
+    def is_agent(self) -> bool:
+        """An AgentEnv's run (its `run` drives an OpenAI client on `server`) rather than an Env's (rollout
+        drives its turns): the one place the kind of run is read, from `Environment.is_agent`."""
+        return bool(self.env_cls.is_agent)
 
 
 def new_episode(task: dict[str, Any], group_id: int) -> Episode:

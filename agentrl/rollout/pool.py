@@ -46,7 +46,7 @@ class RolloutPool:
 
     def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None) -> None:
         self.engine, self.spec, self.scorer = engine, spec, scorer
-        self.run_episode = episode_runner(spec.env_cls)  # an Env's turns or an AgentEnv's run, fixed for the run
+        self.run_episode = episode_runner(spec)  # an Env's turns or an AgentEnv's run, fixed for the run
         self._sem = asyncio.Semaphore(spec.cfg.max_concurrency)
         self.in_flight = 0
         self.status_counts: Counter[str] = Counter()

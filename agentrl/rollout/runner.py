@@ -14,5 +14,6 @@ from agentrl.types import Episode
 EpisodeRunner = Callable[..., Awaitable[Episode]]
 
 
-def episode_runner(env_cls: Any) -> EpisodeRunner:
-    return run_agent_episode if getattr(env_cls, "is_agent", False) else run_episode
+def episode_runner(spec: Any) -> EpisodeRunner:
+    """The runner of `spec`'s kind of run (`EpisodeSpec.is_agent`)."""
+    return run_agent_episode if spec.is_agent else run_episode
