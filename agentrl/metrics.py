@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,6 +33,61 @@ from agentrl.stdio import route_library_output
 from agentrl.trackers import flat_scalars, make_trackers
 
 log = logging.getLogger(__name__)
+
+
+class LineProgress:
+    """The progress bar where stderr is not a terminal (a log file, CI): plain log lines in place of
+    tqdm's carriage-return redraws, which a log file keeps, every one, run together on a single line.
+    A line at the first step (the run is going, at what rate), at every `every_pct` percent of the run,
+    after `quiet_s` seconds without one (a slow run still shows it is alive), and at close if steps
+    were made since the last: a 400-step run writes 22 lines at most, plus one per quiet 5 minutes.
+    The attributes MetricsSink uses are tqdm's (`n`, `update`, `set_postfix`, `close`)."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = "steps", every_pct: int = 5,
+                 quiet_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.n, self.desc = max(total, 1), initial, desc
+        self._every, self._quiet_s, self._clock = max(1, every_pct), quiet_s, clock
+        self._start_n, self._shown_n = initial, initial
+        self._started = self._shown_at = clock()
+        self._postfix: dict[str, str] = {}
+        self.lines = 0
+
+    def set_postfix(self, postfix: dict[str, str], refresh: bool = False) -> None:
+        """tqdm's signature; the values go into the next line written."""
+        self._postfix = dict(postfix)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if (self._shown_n == self._start_n or self._milestone(self.n) > self._milestone(self._shown_n)
+                or self._clock() - self._shown_at >= self._quiet_s):
+            self._show()
+
+    def _milestone(self, step: int) -> int:
+        """How many `every_pct` percent steps of the run `step` has passed."""
+        return step * 100 // (self.total * self._every)
+
+    def close(self) -> None:
+        if self.n > self._shown_n:
+            self._show()
+
+    def _show(self) -> None:
+        now = self._clock()
+        elapsed = now - self._started
+        done = self.n - self._start_n
+        left = tqdm.format_interval((self.total - self.n) * elapsed / done) if done and elapsed > 0 else "?"
+        postfix = " ".join(f"{k}={v}" for k, v in self._postfix.items())
+        log.info("%s %d/%d (%d%%) %s | %s elapsed, %s left", self.desc, self.n, self.total,
+                 100 * self.n // self.total, postfix, tqdm.format_interval(elapsed), left)
+        self._shown_n, self._shown_at = self.n, now
+        self.lines += 1
+
+
+def progress_bar(total: int, initial: int, desc: str, show: bool) -> tqdm | LineProgress:
+    """tqdm's bar on a terminal; `LineProgress` when stderr is a file or a pipe; a silent tqdm when
+    `show` is off (its `n` still counts)."""
+    if show and not sys.stderr.isatty():
+        return LineProgress(total, initial, desc)
+    return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, disable=not show, file=sys.stderr)
 
 
 class TqdmHandler(logging.Handler):
@@ -56,6 +112,17 @@ def setup_logging(level: int = logging.INFO) -> None:
     for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "openai", "aiohttp.access", "verifiers"):
         logging.getLogger(noisy).setLevel(max(level, logging.WARNING))
     quiet_cpu_install_notices(level)
+    quiet_library_bars()
+
+
+def quiet_library_bars() -> None:
+    """Where stderr is a file or a pipe, the one-off bars of Hugging Face loads and saves ("Loading
+    weights", "Writing model shards") would leave their carriage-return redraws in it, a few at every
+    checkpoint: HF_HUB_DISABLE_PROGRESS_BARS (read by huggingface_hub at import, and by transformers
+    through it) turns them off in this process and its children. A terminal keeps them, and a value the
+    user set stands."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def quiet_cpu_install_notices(level: int) -> None:
@@ -125,7 +192,7 @@ class MetricsSink:
         self._next_step = start_step
         self._finished = False  # write_summary ran: the trackers close as a finished run, not a failed one
         self._closed = False
-        self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, dynamic_ncols=True, disable=not show)
+        self.bar = progress_bar(total_steps, start_step, desc, show)
         self._postfix = postfix or _rl_postfix
 
     def log(self, record: dict[str, Any]) -> None:
@@ -136,8 +203,8 @@ class MetricsSink:
         scalars = flat_scalars(record)
         for tracker in self.trackers:
             tracker.log(scalars, step)
+        self.bar.set_postfix(self._postfix(record), refresh=False)  # shown by the update, once
         self.bar.update(1)
-        self.bar.set_postfix(self._postfix(record))
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Writes curves.png (from every record in metrics.jsonl, also those before a resume; its path goes
