@@ -1,5 +1,5 @@
 """Staleness: held-out score after a fixed number of steps and wall-clock to targets, per `max_staleness`
-and off-policy method, over several seeds, on two workloads. The headline table of the README.
+and off-policy method, over several seeds, on two workloads. The headline table of docs/benchmarks.md.
 
     python bench/staleness.py [--workloads long16,default] [--staleness 0,1,2,4,8] [--seeds 0,1,2]
                               [--methods default,decoupled_tis,bypass_dual] [--baseline-staleness 4,8]

@@ -29,7 +29,7 @@ PROJECT = ("agentrl", "rewards", "envs", "examples", "bench", "tests")
 LIBRARY = ("agentrl", "envs", "rewards")  # what the tier and circle rules cover
 
 # Lowest first. A unit may import its own tier and the tiers below; within a tier the circle rule
-# keeps the arrows one-way. The README's layout section lists the same units.
+# keeps the arrows one-way. docs/layout.md lists the same units.
 TIERS: tuple[tuple[str, ...], ...] = (
     ("agentrl", "agentrl.types", "agentrl.algo", "agentrl.faults", "agentrl.tracebacks", "agentrl.stdio",
      "agentrl.files", "agentrl.plot", "agentrl.tool_formats", "agentrl.padding", "agentrl.process_exit"),  # leaves: nothing of the project

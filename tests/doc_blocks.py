@@ -1,8 +1,8 @@
 """The commands the docs show, collected and adapted to a tiny run (used by tests/test_docs.py).
 
-Collected: every command of a fenced ```bash block in README.md and examples/**/README.md
-(backslash-continued lines joined, trailing `# comments` dropped, `./scripts/install.sh &&` dropped:
-the suite runs after install) and every examples/agents/*.yaml.
+Collected: every command of a fenced ```bash block in README.md, the docs site's pages (docs/**/*.md)
+and examples/**/README.md, in that order (backslash-continued lines joined, trailing `# comments`
+dropped, `./scripts/install.sh &&` dropped: the suite runs after install) and every examples/agents/*.yaml.
 
 A block or a command that cannot run here is marked in the markdown by an HTML comment on the lines
 just above the fence (invisible in the rendered page):
@@ -100,7 +100,10 @@ def strip_comment(line: str) -> str:
 
 
 def doc_files(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "examples").glob("**/README.md"))]
+    """README.md first (its first command builds the default model on the empty cache), then the docs
+    site's pages, then the examples' READMEs."""
+    return [root / "README.md", *sorted((root / "docs").glob("**/*.md")),
+            *sorted((root / "examples").glob("**/README.md"))]
 
 
 def parse_markers(lines: list[str], fence: int, where: str) -> tuple[tuple | None, list[tuple[str, tuple]]]:
@@ -184,7 +187,7 @@ def collect_markdown(path: Path, root: Path = ROOT) -> list[Command]:
 
 
 def collect(root: Path = ROOT) -> list[Command]:
-    """Every documented command, then every examples/agents/*.yaml no README command trains."""
+    """Every documented command, then every examples/agents/*.yaml no documented command trains."""
     cmds = [c for path in doc_files(root) for c in collect_markdown(path, root)]
     trained = set()
     for c in cmds:

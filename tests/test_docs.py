@@ -1,5 +1,5 @@
-"""The docs are tested: every command of a ```bash block in README.md and examples/**/README.md, and
-every examples/agents/*.yaml that no README command trains, runs here at a tiny size and must succeed.
+"""The docs are tested: every command of a ```bash block in README.md, docs/**/*.md and examples/**/README.md, and
+every examples/agents/*.yaml that no documented command trains, runs here at a tiny size and must succeed.
 Each command is its own test, named `file:line`; collection and adaptation are in tests/doc_blocks.py.
 
 Cold cache. The whole module shares one fresh, empty AGENTRL_CACHE: the first command that needs the
@@ -48,7 +48,7 @@ unmarked command no rule adapts fails, naming its file:line.
 
 Run by another test: the doc test runs only what no other test runs. A command another test already
 runs (the same CLI on the same config, at any size) is marked `<!-- doc-test: run by
-tests/FILE.py::TEST -->` (or with a `(`PREFIX`)`), and an examples/agents/*.yaml no README command trains
+tests/FILE.py::TEST -->` (or with a `(`PREFIX`)`), and an examples/agents/*.yaml no documented command trains
 is pointed at its test by YAML_RUN_BY here. Such a command is not run: it is skipped with "run by
 TEST" (`pytest -ra` lists it) once a cheap check passes: TEST is a function of tests/FILE.py and that
 file names the command's `--config` yaml (`agentrl.train`), its module (another `python -m`) or its
@@ -80,7 +80,7 @@ from tests.doc_blocks import ROOT, STEPS, CannotAdapt, Command, adapt
 
 pytestmark = pytest.mark.e2e
 
-# examples/agents/*.yaml no README command trains, that another test trains (at any size): checked, not run.
+# examples/agents/*.yaml no documented command trains, that another test trains (at any size): checked, not run.
 YAML_RUN_BY = {
     "examples/agents/arithmetic.yaml": "tests/test_e2e.py::test_on_policy_training_with_staleness_0",
     "examples/agents/custom_env.yaml": "tests/test_e2e.py::test_custom_env_example_runs",
@@ -364,6 +364,10 @@ def test_the_collector_reads_every_doc(tmp_path):
     (tmp_path / "examples" / "agents").mkdir()
     (tmp_path / "examples" / "agents" / "a.yaml").write_text("train: {steps: 1}\n")
     (tmp_path / "examples" / "agents" / "b.yaml").write_text("train: {steps: 1}\n")
+    (tmp_path / "examples" / "agents" / "c.yaml").write_text("train: {steps: 1}\n")
+    (tmp_path / "docs" / "guide").mkdir(parents=True)
+    (tmp_path / "docs" / "guide" / "page.md").write_text(  # a docs page trains c.yaml: it is not listed again
+        "# A page\n\n```bash\npython -m agentrl.train --config examples/agents/c.yaml\n```\n")
     (tmp_path / "README.md").write_text(
         "text\n```bash\npython -m agentrl.train --config examples/agents/a.yaml \\\n    a.b=1   # comment\n"
         "python -m rewards.servers.tools --port 8765 &   # bg\n```\n"
@@ -380,13 +384,14 @@ def test_the_collector_reads_every_doc(tmp_path):
         ("README.md:3", "python -m agentrl.train --config examples/agents/a.yaml a.b=1", False, None, None),
         ("README.md:5", "python -m rewards.servers.tools --port 8765", True, None, None),
         ("README.md:9", "python -m x '#no'", False, "needs a GPU", None),
+        ("docs/guide/page.md:4", "python -m agentrl.train --config examples/agents/c.yaml", False, None, None),
         ("examples/x/README.md:4", "ray start --head", False, "a second machine", None),
         ("examples/x/README.md:5", "python -m agentrl.sft --model m --out o", False, None, None),
         ("examples/x/README.md:6", "python -m agentrl.sft --model x --out o", False, None, "tests/test_s.py::test_sft"),
         ("examples/x/README.md:10", "python -m agentrl.rm --out r", False, None, "tests/test_r.py::test_r"),
         ("examples/agents/b.yaml:1", "python -m agentrl.train --config examples/agents/b.yaml", False, None, None),
     ]
-    plan = adapt(cmds[4], "/py")
+    plan = adapt(next(c for c in cmds if c.id == "examples/x/README.md:5"), "/py")
     assert plan.kind == "stage" and plan.out_dir == "o" and "--max_steps 2" in plan.script
     with pytest.raises(CannotAdapt, match="README.md:9"):
         adapt(Command("README.md", 9, "make all", "README.md:8"), "/py")

@@ -1,5 +1,5 @@
 """Ray on this machine, as a user would meet it: the local Ray a run starts (no `cluster.address`) listens on
-loopback only with Ray's token authentication on, and the README's one-machine Ray command runs.
+loopback only with Ray's token authentication on, and the one-machine Ray command of docs/scale-out.md runs.
 
 Several nodes (`ray.cluster_utils.Cluster`: a head and three worker raylets on this host), an engine
 node and then the learner's node removed mid-run and a resume on what remains, are in
@@ -104,7 +104,7 @@ def test_a_local_ray_listens_on_loopback_only_with_token_auth(auth_env):
 
 
 def test_the_readme_one_machine_ray_command(tmp_path, model_dir):
-    """README "Scale-out on Ray", one machine: a local Ray the run starts (no cluster.address), 2 engine actors
+    """docs/scale-out.md, one machine: a local Ray the run starts (no cluster.address), 2 engine actors
     and 2 learner ranks, at a tiny size. While it trains, nothing of it (driver, Ray, engines, learner
     ranks, weight groups) listens on an address other than loopback."""
     proc, out = launch(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml",

@@ -1,4 +1,4 @@
-"""The token ledger contract (README, "How the pieces fit"): episodes are built token-in/token-out, append-only.
+"""The token ledger contract (docs/architecture.md): episodes are built token-in/token-out, append-only.
 
 A scripted fake engine plays GuessNumberEnv against the real (locally trained) tokenizer and its
 ChatML-style template, so every expected token list below is spelled out as template text.
