@@ -136,10 +136,12 @@ def connect(cfg: ClusterConfig) -> None:
     reserves, at least the machine's: Ray's CPUs are scheduling tokens, not pinned cores."""
     import ray
 
+    from agentrl.collective import RAY_ACTOR
+
     if ray.is_initialized():
         return
     env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
-                        "TOKENIZERS_PARALLELISM": "false", **network_env(cfg)}}
+                        "TOKENIZERS_PARALLELISM": "false", RAY_ACTOR: "1", **network_env(cfg)}}
     want = needed(cfg)
     if cfg.address is None:
         from agentrl.learner.dist import usable_cores

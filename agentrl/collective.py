@@ -122,6 +122,7 @@ def unpack(buf: torch.Tensor, metas: list[TensorMeta], bucket: Bucket) -> list[t
 #      to join (and is rebuilt at the next push) before a byte of weights goes through it.
 
 LOOPBACK = "127.0.0.1"
+RAY_ACTOR = "AGENTRL_RAY_ACTOR"  # set in the environment of a run's Ray actors (agentrl.cluster.connect)
 _MAC = hashlib.sha256
 _MAC_BYTES = _MAC().digest_size
 
@@ -169,10 +170,11 @@ def keep_gloo_on_loopback() -> None:
     """GLOO_SOCKET_IFNAME=lo for this process and those it starts: gloo's default device listens on the
     hostname's address (a LAN one on many machines) in every group made without a device of its own: a
     one-process learner's, vLLM's among one engine's workers, whose peers are all on this node. Groups
-    that may span nodes name their device (`_gloo_group`). NCCL is not set here: it reads its
-    interface once per process, for every communicator the process will have, so it is chosen where the
-    run knows where all its peers are (`nccl_interface`), not by the first group made."""
+    that may span nodes name their device (`_gloo_group`). NCCL reads its interface once per process:
+    lo too, unless set, but not in a run's Ray actor, whose groups may span nodes (cluster.network_env)."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    if not os.environ.get(RAY_ACTOR):
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
 
 
 def new_key() -> bytes:
@@ -353,20 +355,18 @@ def _nccl_group(store, rank: int, world: int, timeout: datetime.timedelta, devic
     timed-out push aborts this group, where the default would kill the learner's process with it.
 
     NCCL's bootstrap listens on NCCL_SOCKET_IFNAME (loopback for a local group, else the configured
-    interface). NCCL reads it once, when its first communicator in the process starts: in a process
-    whose NCCL started earlier (DeepSpeed's group on a learner rank, vLLM's tensor-parallel group) the
-    environment the process was started with decides, so a Ray cluster sets it for its actors too."""
+    interface), read once, when the process's first communicator starts: where NCCL started earlier
+    (DeepSpeed's group, vLLM's tensor-parallel group) the process's start decides (cluster.network_env)."""
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     opts = torch.distributed.ProcessGroupNCCL.Options()
     opts._timeout = timeout
     ifname = "=lo" if network.local else (f"={network.interface}" if network.interface else None)
-    env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
-    if ifname and "NCCL_SOCKET_IFNAME" not in os.environ:
-        env["NCCL_SOCKET_IFNAME"] = ifname
-    with _environ(env):
+    if ifname:  # kept: NCCL reads it once, at the process's first communicator, and so would later groups
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", ifname)
+    with _environ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}):  # read by the constructor
         group = torch.distributed.ProcessGroupNCCL(store, rank, world, opts)
-        group.eager_connect_single_device(device)
+    group.eager_connect_single_device(device)  # outside the lock: a peer that never comes blocks this group only
     return group
 
 

@@ -72,6 +72,7 @@ HUB_ID = re.compile(r"[\w-][\w.-]*/[\w.-]+")  # org/name, as the hub spells repo
 # What the loaders read, by alternative: vLLM and transformers take the first weights format present;
 # a sharded checkpoint needs its index and every shard the index names.
 WEIGHTS = (("model.safetensors.index.json", "model.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+SHARD = re.compile(r"-\d{5}-of-\d{5}\.")
 # Any one of these sets of file patterns is a tokenizer the loaders can build (sentencepiece under its
 # other names, tiktoken files, BPE and WordPiece vocabularies).
 TOKENIZER = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("sentencepiece*.model",),
@@ -92,7 +93,8 @@ def _missing_weights(snapshot: Path) -> list[str]:
             return [shard for shard in shards if not (snapshot / str(shard)).is_file()]
         if (snapshot / single).is_file():
             return []
-    if any(snapshot.glob("*.safetensors")):  # a single file under another name (consolidated.safetensors)
+    # One file under another name (consolidated.safetensors); a shard without its index is not all of it.
+    if any(not SHARD.search(p.name) for p in snapshot.glob("*.safetensors")):
         return []
     return ["the weights (model.safetensors, or model.safetensors.index.json and its shards, or pytorch_model.bin)"]
 
@@ -109,7 +111,7 @@ def missing_hub_files(repo_id: str) -> tuple[list[str], Path | None]:
     snapshot = Path(config).parent
     missing = [] if (snapshot / "tokenizer_config.json").is_file() else ["tokenizer_config.json"]
     if not any(all(any(p.is_file() for p in snapshot.glob(pattern)) for pattern in group) for group in TOKENIZER):
-        missing.append("the tokenizer (tokenizer.json, or tokenizer.model, or vocab.json and merges.txt)")
+        missing.append("the tokenizer (tokenizer.json, or a sentencepiece or tiktoken file, or vocab.json and merges.txt)")
     return missing + _missing_weights(snapshot), snapshot
 
 

@@ -191,9 +191,6 @@ async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
 
     cluster, dtype, ws = cfg.cluster, push_dtype(cfg.engine.dtype), cfg.weight_sync
     if cluster.backend == "local":
-        # Every process of a local run is on this node: NCCL (read once per process, inherited by the
-        # engine cores) listens on loopback. A Ray run's actors get theirs from agentrl.cluster.network_env.
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         fleet = EngineFleet.local(model_path, cfg.engine, eos_id, cluster)
         # The learner loads in a thread while the engines start: vLLM's start mostly waits on its
         # engine-core process, which runs on the other core.

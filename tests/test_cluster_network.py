@@ -4,6 +4,8 @@ learner ranks' rendezvous and the weight hub bind the interface's address (agent
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from agentrl import collective
@@ -73,3 +75,18 @@ def test_ray_s_token_file_is_made_private_and_a_readable_one_narrowed(tmp_path, 
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token auth: nothing made
     keep_token_private(tmp_path / "none")
     assert not (tmp_path / "none").exists()
+
+
+def test_nccl_stays_on_loopback_in_a_local_process_and_a_ray_actor_keeps_what_its_start_chose(monkeypatch):
+    """keep_gloo_on_loopback (a one-process learner, the vLLM plugin): NCCL on lo where every peer is on
+    this node; in a run's Ray actor (AGENTRL_RAY_ACTOR, set by agentrl.cluster.connect) NCCL is left to the
+    runtime environment network_env chose, since its weight groups may reach other nodes."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "before")  # restored after the test
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv(collective.RAY_ACTOR, raising=False)
+    collective.keep_gloo_on_loopback()
+    assert (os.environ["GLOO_SOCKET_IFNAME"], os.environ["NCCL_SOCKET_IFNAME"]) == ("lo", "lo")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    monkeypatch.setenv(collective.RAY_ACTOR, "1")
+    collective.keep_gloo_on_loopback()
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo" and "NCCL_SOCKET_IFNAME" not in os.environ

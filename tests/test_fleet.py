@@ -418,3 +418,42 @@ def test_engines_and_ranks_ask_for_the_custom_resources_that_place_them():
     # failed restart (and retires the engine when others are left), not an actor pending for ever.
     with pytest.raises(RuntimeError, match=r"no live node of the Ray cluster can hold engine 1 \(it asks for 1 CPU"):
         actor_options(cluster, 1, frozenset(), [])
+
+
+def test_a_cancelled_ray_generation_cancels_the_actor_s_task(monkeypatch):
+    """A client that leaves (or a deadline) cancels the await on a Ray engine's generate: the actor's
+    task is cancelled too (ray.cancel of its reference), so vLLM aborts the request rather than
+    generating for nobody; a generation that finishes is returned and cancels nothing."""
+    import ray
+
+    from agentrl.rollout.members import RayMember
+
+    cancelled = []
+    monkeypatch.setattr(ray, "cancel", lambda ref, **kw: cancelled.append(ref))
+
+    class Ref:
+        def __init__(self, delay: float) -> None:
+            self.delay = delay
+
+        def __await__(self):
+            return asyncio.sleep(self.delay, result=Generation([7], [-0.1], [0], "stop")).__await__()
+
+    class Actor:
+        class generate:  # noqa: N801 (Ray's `actor.method.remote(...)` shape)
+            delay = 0.0
+
+            @classmethod
+            def remote(cls, *args):
+                return Ref(cls.delay)
+
+    async def run():
+        member = RayMember(0, actor=Actor())
+        assert (await member.generate([1], 4)).token_ids == [7] and cancelled == []
+        Actor.generate.delay = 60.0
+        task = asyncio.ensure_future(member.generate([1], 4))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(cancelled) == 1 and cancelled[0].delay == 60.0
+    asyncio.run(run())

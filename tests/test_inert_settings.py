@@ -25,8 +25,12 @@ def test_defaults_warn_about_nothing():
     # ...and the trust region, which does act, has bounds of its own: PPO's clip is inert beside any of them
     (["algo.trust_region=neg_clip", "algo.clip_low=0.1", "algo.clip_high=0.3"], ["algo.clip_low", "algo.clip_high"]),
     (["algo.trust_region={type: clip, eps_low: 0.1, eps_high: 0.3}", "algo.clip_high=0.3"], ["algo.clip_high"]),
-    # with two mini-batches the ratio moves from 1 on the second: the clips can act
-    (["learner.mini_batches=2", "algo.dual_clip=3", "algo.clip_low=0.1"], []),
+    # with two mini-batches the ratio moves from 1 on the second: the clips can act, and a clip bound that
+    # differs from the (unnamed) trust region's is said to bound PPO's clip only
+    (["learner.mini_batches=2", "algo.dual_clip=3", "algo.clip_low=0.1"], ["algo.clip_low"]),
+    (["learner.mini_batches=2", "algo.dual_clip=3", "algo.clip_low=0.2"], []),
+    (["algo.mode=bypass", "algo.clip_high=0.28"], ["algo.clip_high"]),
+    (["algo.mode=bypass", "algo.trust_region={type: clip, eps_high: 0.28}", "algo.clip_high=0.28"], ["algo.trust_region"]),
     (["algo.mode=bypass", "algo.correction={type: mask, high: 3}"], ["algo.correction"]),
     (["algo.mode=bypass", "algo.trust_region=clip"], ["algo.trust_region"]),
     (["algo.mode=bypass", "algo.trust_region={type: neg_clip, eps_low: 0.3}"], ["algo.trust_region"]),
@@ -42,3 +46,12 @@ def test_defaults_warn_about_nothing():
 ])
 def test_inert_settings_are_named(overrides, expected):
     assert warned(*overrides) == expected
+
+
+def test_a_clip_bound_written_for_both_says_it_now_bounds_ppo_s_clip_only():
+    """A config from before the trust region had bounds of its own (clip_high set both) is told what to
+    write to keep the old numbers."""
+    [line] = inert_settings(load_config(None, ["algo.mode=bypass", "algo.clip_high=0.28"]))
+    assert line == ("algo.clip_high=0.28 bounds PPO's ratio clip only; the trust region around mu keeps "
+                    "algo.trust_region.eps_high=0.2 (a clip_high also set it before the trust region had bounds "
+                    "of its own): write algo.trust_region: {type: clip, eps_high: 0.28} to bound both")

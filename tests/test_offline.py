@@ -70,8 +70,8 @@ def test_only_config_json_cached_is_an_error_naming_every_missing_file(hub_cache
     with pytest.raises(ConfigError) as err:
         check_model_path("org/name")
     assert str(err.value) == (
-        f"model.path='org/name': tokenizer_config.json and the tokenizer (tokenizer.json, or tokenizer.model, or "
-        f"vocab.json and merges.txt) and the weights (model.safetensors, or model.safetensors.index.json and its "
+        f"model.path='org/name': tokenizer_config.json and the tokenizer (tokenizer.json, or a sentencepiece or "
+        f"tiktoken file, or vocab.json and merges.txt) and the weights (model.safetensors, or model.safetensors.index.json and its "
         f"shards, or pytorch_model.bin) are not in the local Hugging Face cache "
         f"({hub_cache}/models--org--name/snapshots/{REV}); nothing is downloaded unless model.allow_download=true. "
         f"Fetch it where the hub is reachable with `hf download org/name` into this cache (HF_HOME / "
@@ -96,6 +96,13 @@ def test_a_cache_complete_under_other_file_names_passes(hub_cache, tokenizer, we
     cache_model(hub_cache, "org/other", {"config.json": CONFIG, "tokenizer_config.json": "{}", tokenizer: b"x",
                                          weights: b"x"})
     assert missing_hub_files("org/other")[0] == []
+
+
+def test_a_lone_shard_without_its_index_is_not_the_weights(hub_cache):
+    cache_model(hub_cache, "org/partial", {"config.json": CONFIG, "tokenizer_config.json": "{}", "tokenizer.json": "{}",
+                                           "model-00001-of-00002.safetensors": b"x"})
+    assert missing_hub_files("org/partial")[0] == ["the weights (model.safetensors, or model.safetensors.index.json "
+                                                   "and its shards, or pytorch_model.bin)"]
 
 
 def test_an_id_not_in_the_cache_at_all(hub_cache):

@@ -161,7 +161,8 @@ print("unpinned", get_accelerator()._name, file=sys.stderr, flush=True)
 
 
 def test_deepspeed_picks_the_cpu_without_its_notice_on_a_cpu_install():
-    assert stdio.pin_cpu_accelerator({}), "the suite runs on the CPU install (scripts/install.sh): a CPU torch"
+    if not stdio.pin_cpu_accelerator({}):  # AGENTRL_VLLM=gpu: DeepSpeed's own detection, and its notice, stay
+        pytest.skip("torch is built with a GPU backend: the pin applies to CPU-only installs")
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     proc = subprocess.run([sys.executable, "-c", BOTH_SIDES], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=300)

@@ -143,7 +143,7 @@ def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv
                 clip (Schulman et al. 2017) anchored at mu, as in verl's and OpenRLHF's "bypass" mode.
       neg_clip: only the A < 0 side of `clip`. Pushing a token up is self-limiting (d log p / d logit =
                 1 - p -> 0 as p -> 1); pushing one down is not, and the tokens that drove the measured
-                collapse were A < 0 tokens already cut below mu (bench/staleness.py; README, "Staleness").
+                collapse were A < 0 tokens already cut below mu (bench/staleness.py; docs/benchmarks.md, "Staleness").
       m2:       M2PO (Zheng et al. 2025, "Prosperity before Collapse"): drop the tokens with the largest
                 (log rho)^2 until the mean over the kept ones is <= tau, a bound on the second moment
                 of the log importance ratio; both directions, whatever the advantage.

@@ -22,13 +22,23 @@ def inert_settings(cfg: Config) -> list[str]:
     if one_step:
         # The trust region has bounds of its own (algo.trust_region.eps_low, ...): PPO's clip is not read there.
         ratio_keys = (["dual_clip"] if algo.dual_clip is not None else []) + named("clip_low", "clip_high")
-        bound = (f"the update is bounded by algo.trust_region={region.type}, which acts on pi_theta/mu"
+        bound = (f"the update is bounded by algo.trust_region={region.type}, which acts on pi_theta/mu with "
+                 f"bounds of its own (algo.trust_region.eps_low/eps_high/tau)"
                  if region.type != "none" else
                  "bound the update with algo.trust_region (clip, neg_clip or m2), which acts on pi_theta/mu")
         for key in ratio_keys:
             out.append(f"algo.{key}={getattr(algo, key)} has no effect: with algo.mode=decoupled and "
                        f"learner.mini_batches=1 the ratio pi_theta/pi_prox is exactly 1 where the gradient is taken, "
                        f"so no ratio clip acts; {bound}")
+    if not one_step and not named("trust_region") and region.type == "clip":
+        # Until the trust region had bounds of its own, clip_low/clip_high also bounded it: say so to a
+        # config written then, whose clip now bounds PPO's ratio only.
+        for key, eps in (("clip_low", "eps_low"), ("clip_high", "eps_high")):
+            if key in given and getattr(algo, key) != getattr(region, eps):
+                out.append(f"algo.{key}={getattr(algo, key)} bounds PPO's ratio clip only; the trust region around "
+                           f"mu keeps algo.trust_region.{eps}={getattr(region, eps)} (a {key} also set it before "
+                           f"the trust region had bounds of its own): write algo.trust_region: {{type: clip, "
+                           f"{eps}: {getattr(algo, key)}}} to bound both")
     if algo.mode == "bypass" and "correction" in given:
         out.append(f"algo.correction={algo.correction.type} has no effect: in algo.mode=bypass the ratio's denominator "
                    f"is mu itself, so the importance weight pi_old/mu is 1")

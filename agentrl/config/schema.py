@@ -261,7 +261,9 @@ class ClusterConfig(_Base):
                            "listens on; loopback unless told otherwise")
     interface: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,15}$", description="ray, several nodes: the network "
                            "interface the nodes reach each other on (e.g. eth1): the learner ranks' rendezvous, "
-                           "the weight groups and gloo/NCCL listen on it; '' = the address Ray knows each node by")
+                           "the weight groups and gloo/NCCL listen on it; '' = the ranks' rendezvous and the weight "
+                           "hub on the address Ray knows each node by, gloo/NCCL on their own choice (a local Ray of "
+                           "the run's own: loopback)")
 
 
 class TrainConfig(_Base):

@@ -56,9 +56,9 @@ def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str], nod
         opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
     if not nodes:  # its node is gone and no other can hold it (a restart): the fleet counts a failed restart
         raise RuntimeError(f"no live node of the Ray cluster can hold engine {index}"
-                           + (" without a learner rank (cluster.colocate=false)" if avoid else
-                              f" (it asks for {cluster.engine_num_cpus:g} CPU, {cluster.engine_num_gpus:g} GPU"
-                              + "".join(f", {v:g} {k}" for k, v in cluster.engine_resources.items()) + ")"))
+                           + (" without a learner rank (cluster.colocate=false)" if avoid else "")
+                           + f" (it asks for {cluster.engine_num_cpus:g} CPU, {cluster.engine_num_gpus:g} GPU"
+                           + "".join(f", {v:g} {k}" for k, v in cluster.engine_resources.items()) + ")")
     if avoid:
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[index % len(nodes)], soft=False)
     return opts
