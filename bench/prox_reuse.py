@@ -27,14 +27,15 @@ from bench.learner_throughput import Side, make_batch, report_pair, run_interlea
 def build(path: str, args: argparse.Namespace, reuse: bool):
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
 
     class OwnPass(Learner):  # pi_prox from a no-grad forward pass before training
         reuses_prox = False
 
     cls = Learner if reuse else OwnPass
-    learner = cls(path, LearnerConfig(lr=3e-5, micro_batch_size=args.batch, num_threads=args.threads),
-                  AlgoConfig(kl={"type": args.kl, "coef": 0.01}), temperature=1.0, batch_size=args.batch,
-                  total_steps=args.steps + 1)
+    learner = cls(LearnerSpec(path, LearnerConfig(lr=3e-5, micro_batch_size=args.batch, num_threads=args.threads),
+                              AlgoConfig(kl={"type": args.kl, "coef": 0.01}), temperature=1.0, batch_size=args.batch,
+                              total_steps=args.steps + 1))
     assert learner.reuses_prox == reuse
     return learner
 

@@ -106,6 +106,7 @@ async def bench_model(name: str, args: argparse.Namespace) -> list[dict]:
     from agentrl.config import AlgoConfig, ClusterConfig, EngineConfig, LearnerConfig
     from agentrl.learner.collective_push import LocalHub
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
     from agentrl.learner.weight_sync import EngineWeightSync, push_dtype
     from agentrl.rollout.fleet import EngineFleet
     from agentrl.startup import pick_transport
@@ -120,8 +121,8 @@ async def bench_model(name: str, args: argparse.Namespace) -> list[dict]:
     engine = fleet.members[0].engine
     rows = []
     try:
-        learner = await asyncio.to_thread(Learner, path, LearnerConfig(lr=1e-6, micro_batch_size=4), AlgoConfig(),
-                                          1.0, args.batch)
+        learner = await asyncio.to_thread(Learner, LearnerSpec(path, LearnerConfig(lr=1e-6, micro_batch_size=4),
+                                                               AlgoConfig(), args.batch))
         batch = make_batch(tok, args.batch, args.seq)
         step_times = []
         for i in range(1 + args.steps):

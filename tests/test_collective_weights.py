@@ -128,9 +128,10 @@ async def stepped_learner(model_dir: str, tok, ids: list[int], before: list[floa
     """A learner one step away from the engine's weights, and a probe batch of `ids`."""
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
     from agentrl.types import Episode, TrainBatch
 
-    learner = await asyncio.to_thread(Learner, model_dir, LearnerConfig(lr=lr), AlgoConfig(), 1.0, 2)
+    learner = await asyncio.to_thread(Learner, LearnerSpec(model_dir, LearnerConfig(lr=lr), AlgoConfig(), 2))
     eps = []
     for reward in (1.0, 0.0):
         ep = Episode(task_id="t", group_id=0, reward=reward)

@@ -101,6 +101,7 @@ def test_vllm_logprobs_match_learner_after_push(request, model, lr):
     from agentrl.config import AlgoConfig, ClusterConfig, EngineConfig, LearnerConfig
     from agentrl.learner.collective_push import LocalHub
     from agentrl.learner.rl import Learner
+    from agentrl.learner.spec import LearnerSpec
     from agentrl.learner.weight_sync import EngineWeightSync
     from agentrl.rollout.fleet import EngineFleet
     from agentrl.startup import pick_transport
@@ -117,7 +118,7 @@ def test_vllm_logprobs_match_learner_after_push(request, model, lr):
         await fleet.start()
         engine = fleet.members[0].engine
         try:
-            learner = await asyncio.to_thread(Learner, model_dir, LearnerConfig(lr=lr), AlgoConfig(), 1.0, 2)
+            learner = await asyncio.to_thread(Learner, LearnerSpec(model_dir, LearnerConfig(lr=lr), AlgoConfig(), 2))
             before = await engine.score(ids)
             ep = Episode(task_id="t", group_id=0)
             ep.append(ids[:-3], generated=False)
