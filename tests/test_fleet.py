@@ -457,3 +457,24 @@ def test_a_cancelled_ray_generation_cancels_the_actor_s_task(monkeypatch):
             await task
         assert len(cancelled) == 1 and cancelled[0].delay == 60.0
     asyncio.run(run())
+
+
+def test_engine_capacity_counts_what_the_live_nodes_can_hold(monkeypatch):
+    """By each live node's totals against one engine's ask: the loss of a node drops it below the engines
+    a run keeps, and the fleet then fails that restart at once (and retires the engine) rather than
+    leaving its actor pending for cluster.start_timeout_s per restart."""
+    import ray
+
+    from agentrl.config import ClusterConfig
+    from agentrl.rollout.ray_engine import engine_capacity
+
+    nodes = [{"NodeID": "head", "Alive": True, "Resources": {"CPU": 1.0}},
+             {"NodeID": "L", "Alive": True, "Resources": {"CPU": 1.0, "learner_node": 1.0}},
+             {"NodeID": "E1", "Alive": False, "Resources": {"CPU": 1.0, "engine_node": 1.0}},
+             {"NodeID": "E2", "Alive": True, "Resources": {"CPU": 3.0, "engine_node": 2.0}}]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    cluster = ClusterConfig(backend="ray", engines=2, engine_resources={"engine_node": 1})
+    assert engine_capacity(cluster) == 2  # E2 only: E1 is gone, the others offer no engine_node
+    assert engine_capacity(cluster, frozenset({"E2"})) == 0
+    assert engine_capacity(ClusterConfig(backend="ray", engine_num_cpus=0.5)) == 2 + 2 + 6
+    assert engine_capacity(ClusterConfig(backend="ray", engine_num_cpus=0)) == float("inf")

@@ -9,6 +9,7 @@ the actor writes them to its node's shared memory and the vLLM worker reads that
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import Any
@@ -39,6 +40,20 @@ def engine_nodes(cluster: ClusterConfig, avoid: frozenset[str] = frozenset()) ->
     wants = {"CPU": cluster.engine_num_cpus, "GPU": cluster.engine_num_gpus, **cluster.engine_resources}
     return [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid
             and all(n["Resources"].get(k, 0) >= v for k, v in wants.items())]
+
+
+def engine_capacity(cluster: ClusterConfig, avoid: frozenset[str] = frozenset()) -> float:
+    """How many engines the live nodes (not in `avoid`) can hold at once, by each node's total CPUs,
+    GPUs and custom resources against one engine's ask. A node's loss lowers it: when it falls below
+    the engines the run keeps, a restart would wait for ever for room that never comes."""
+    import ray
+
+    wants = {k: v for k, v in {"CPU": cluster.engine_num_cpus, "GPU": cluster.engine_num_gpus,
+                               **cluster.engine_resources}.items() if v > 0}
+    if not wants:
+        return math.inf
+    return sum(min(math.floor(n["Resources"].get(k, 0) / v + 1e-9) for k, v in wants.items())
+               for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid)
 
 
 def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str], nodes: list[str]) -> dict[str, Any]:
