@@ -38,7 +38,8 @@ def keep_token_private(path: Path | None = None) -> None:
         return
     path = path or Path.home() / ".ray" / "auth_token"
     if path.exists():
-        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+        info = path.stat()
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
             path.chmod(0o600)
             log.warning("%s could be read by other users; it is now readable by you only", path)
         return

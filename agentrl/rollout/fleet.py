@@ -112,7 +112,7 @@ class EngineFleet:
         ids the engines must not use (the learner's, with `cluster.colocate: false`)."""
         import ray
 
-        from agentrl.rollout.ray_engine import EngineActor, actor_options, engine_capacity, engine_nodes
+        from agentrl.rollout.ray_engine import EngineActor, actor_options, engine_capacity, engine_nodes, live_nodes
 
         remote = ray.remote(EngineActor)
         if avoid_nodes and not engine_nodes(cluster, avoid_nodes):
@@ -120,12 +120,12 @@ class EngineFleet:
                               "add a node or set cluster.colocate=true")
 
         def make_actor(i: int):
-            nodes = engine_nodes(cluster, avoid_nodes)  # at each (re)start: the nodes alive now
+            live = live_nodes(avoid_nodes)  # at each (re)start: the nodes alive now
+            nodes, room = engine_nodes(cluster, nodes=live), engine_capacity(cluster, nodes=live)
             kept = sum(not m.retired for m in members)
-            if nodes and engine_capacity(cluster, avoid_nodes) < kept:  # a node is gone, its engines with it
-                raise RuntimeError(f"the live nodes of the Ray cluster hold {engine_capacity(cluster, avoid_nodes):g} "
-                                   f"engines by their resources, fewer than the {kept} the run keeps: engine {i} "
-                                   f"has nowhere to go")
+            if nodes and room < kept:  # a node is gone, its engines with it
+                raise RuntimeError(f"the live nodes of the Ray cluster hold {room:g} engines by their resources, "
+                                   f"fewer than the {kept} the run keeps: engine {i} has nowhere to go")
             return remote.options(**actor_options(cluster, i, avoid_nodes, nodes)).remote(
                 i, model_path, cfg.model_dump(), eos_id, cluster.tensor_parallel_size, cluster.engine_num_cpus,
                 cluster.engine_num_gpus > 0)

@@ -32,28 +32,38 @@ def cpu_binding(index: int, num_cpus: float) -> str:
     return ",".join(str(c) for c in picked)
 
 
-def engine_nodes(cluster: ClusterConfig, avoid: frozenset[str] = frozenset()) -> list[str]:
-    """Ids of the live nodes an engine fits on: not in `avoid`, with the CPUs, GPUs and custom resources
-    an engine asks for. Read at each actor's start, so a restart after a node's loss picks a survivor."""
+def engine_ask(cluster: ClusterConfig) -> dict[str, float]:
+    """The resources one engine actor asks for (those it asks none of left out)."""
+    ask = {"CPU": cluster.engine_num_cpus, "GPU": cluster.engine_num_gpus, **cluster.engine_resources}
+    return {k: v for k, v in ask.items() if v > 0}
+
+
+def live_nodes(avoid: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The live nodes of the Ray cluster not in `avoid` (one read of the cluster's state)."""
     import ray
 
-    wants = {"CPU": cluster.engine_num_cpus, "GPU": cluster.engine_num_gpus, **cluster.engine_resources}
-    return [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid
-            and all(n["Resources"].get(k, 0) >= v for k, v in wants.items())]
+    return [n for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid]
 
 
-def engine_capacity(cluster: ClusterConfig, avoid: frozenset[str] = frozenset()) -> float:
+def engine_nodes(cluster: ClusterConfig, avoid: frozenset[str] = frozenset(),
+                 nodes: list[dict[str, Any]] | None = None) -> list[str]:
+    """Ids of the live nodes an engine fits on: not in `avoid`, with the CPUs, GPUs and custom resources
+    an engine asks for. Read at each actor's start, so a restart after a node's loss picks a survivor."""
+    ask = engine_ask(cluster)
+    return [n["NodeID"] for n in (live_nodes(avoid) if nodes is None else nodes)
+            if all(n["Resources"].get(k, 0) >= v for k, v in ask.items())]
+
+
+def engine_capacity(cluster: ClusterConfig, avoid: frozenset[str] = frozenset(),
+                    nodes: list[dict[str, Any]] | None = None) -> float:
     """How many engines the live nodes (not in `avoid`) can hold at once, by each node's total CPUs,
     GPUs and custom resources against one engine's ask. A node's loss lowers it: when it falls below
     the engines the run keeps, a restart would wait for ever for room that never comes."""
-    import ray
-
-    wants = {k: v for k, v in {"CPU": cluster.engine_num_cpus, "GPU": cluster.engine_num_gpus,
-                               **cluster.engine_resources}.items() if v > 0}
-    if not wants:
+    ask = engine_ask(cluster)
+    if not ask:
         return math.inf
-    return sum(min(math.floor(n["Resources"].get(k, 0) / v + 1e-9) for k, v in wants.items())
-               for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid)
+    return sum(min(math.floor(n["Resources"].get(k, 0) / v + 1e-9) for k, v in ask.items())
+               for n in (live_nodes(avoid) if nodes is None else nodes))
 
 
 def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str], nodes: list[str]) -> dict[str, Any]:
