@@ -38,11 +38,16 @@ def listening_sockets(root: psutil.Process) -> list[tuple[int, str, int]]:
     out = []
     for p in [root, *root.children(recursive=True)]:
         try:
-            out += [(p.pid, c.laddr.ip, c.laddr.port) for c in p.net_connections("inet")
-                    if c.status == psutil.CONN_LISTEN]
+            out += own_sockets(p)
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def own_sockets(proc: psutil.Process) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every listening TCP socket of `proc` itself."""
+    return [(proc.pid, c.laddr.ip, c.laddr.port) for c in proc.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN]
 
 
 def test_the_default_weight_push_listens_on_loopback_only():
@@ -58,7 +63,9 @@ def test_the_default_weight_push_listens_on_loopback_only():
         child.stdin.flush()
         hub.hub.join("engine0")  # returns once the receiver has joined too
         assert child.stdout.readline().strip() == "joined"
-        sockets = listening_sockets(psutil.Process())
+        # This process and the receiver it started: other children the test worker may still have (an engine
+        # core an earlier test left winding down) are not the push's.
+        sockets = [s for proc in (psutil.Process(), psutil.Process(child.pid)) for s in own_sockets(proc)]
         pids = {pid for pid, _, _ in sockets}
         sender = threading.Thread(target=hub.hub.send, args=("engine0", 1))
         sender.start()
