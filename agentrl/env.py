@@ -24,9 +24,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-# ToolCall and the default (Hermes) parser live in agentrl.tool_formats; re-exported here for existing imports.
-from agentrl.tool_formats import ToolCall  # noqa: F401
-from agentrl.tool_formats.hermes import parse as parse_tool_calls  # noqa: F401
+# ToolCall and the default (Hermes) parser live in agentrl.rollout.tools; re-exported here for existing imports.
+from agentrl.rollout.tools import ToolCall  # noqa: F401
+from agentrl.rollout.tools.hermes import parse as parse_tool_calls  # noqa: F401
 
 Message = dict[str, Any]  # {"role": "user" | "tool" | "system" | "assistant", "content": str, ...}
 Observation = Union[str, list[Message]]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from agentrl.padding import pad_right, pad_tokens
+from agentrl.utils.padding import pad_right, pad_tokens
 
 EpisodeStatus = Literal["ok", "truncated", "env_error", "timeout", "engine_error", "reward_error"]
 

@@ -23,7 +23,7 @@ def resolve_model(name: str) -> str:
     """'default' -> the embedded default model's folder; a prepared name (smollm2-135m-instruct) -> its
     folder; anything else is taken as a Hugging Face folder."""
     from agentrl.config import DefaultModelConfig
-    from agentrl.models import resolve_path
+    from agentrl.models.named import resolve_path
 
     return resolve_path(None if name == "default" else name, DefaultModelConfig())
 

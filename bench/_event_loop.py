@@ -75,7 +75,7 @@ async def per_await_us(make, repeats: int = 2000) -> float:
 
 async def step_breakdown(fmt, reply_ids: list[int]) -> list[list[str]]:
     """The Python work run_episode does per env step, each piece timed on its own (µs per call)."""
-    from agentrl.tool_formats import get_tool_parser
+    from agentrl.rollout.tools import get_tool_parser
     from agentrl.types import Episode
 
     text = fmt.tokenizer.decode(reply_ids)
@@ -108,7 +108,7 @@ async def step_breakdown(fmt, reply_ids: list[int]) -> list[list[str]]:
 
 
 async def event_loop_cost(name: str, episodes: int, tokens: int, repeats: int) -> list[str]:
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
 
     fmt = ChatFormat(load_tokenizer(resolve_model(name)))
     sentence = " The lighthouse keeper climbed the stairs again, counting each step as the storm grew louder."
@@ -125,7 +125,7 @@ async def event_loop_cost(name: str, episodes: int, tokens: int, repeats: int) -
 
 
 async def print_breakdown(name: str, tokens: int) -> None:
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
 
     fmt = ChatFormat(load_tokenizer(resolve_model(name)))
     reply_ids = fmt.encode(" The keeper climbed the stairs again, counting every step." * (tokens // 10 + 2))

@@ -15,7 +15,7 @@ at random, on a fresh cluster:
   train.resume=auto) within the bound, then the same command with train.resume=auto (the learner on
   the head) must finish it.
 
-Episodes and steps lost or duplicated come from `agentrl.checkpoint.audit` over the run's folder: task
+Episodes and steps lost or duplicated come from `agentrl.run.checkpoint.audit` over the run's folder: task
 positions skipped or seen twice, steps missing or repeated in metrics.jsonl.
 """
 
@@ -102,7 +102,7 @@ def start_cluster(spare: int = 1):
 
 def one_trial(fault: str, model: str, steps: int, kill_at: int, out: Path) -> dict:
     """One run with `fault` at step `kill_at`: whether it ended by itself, and the audit of its folder."""
-    from agentrl.checkpoint import audit
+    from agentrl.run.checkpoint import audit
 
     cluster, nodes = start_cluster(spare=0 if "none to hold" in fault else 1)
     try:

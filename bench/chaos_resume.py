@@ -1,12 +1,12 @@
 """Chaos: a fault table. A short job is hit by one fault per row, resumed with `train.resume=auto` until
-it finishes, and then accounted for task position by task position (`agentrl.checkpoint.audit`).
+it finishes, and then accounted for task position by task position (`agentrl.run.checkpoint.audit`).
 
     python bench/chaos_resume.py [--trials 1] [--seed 0] [--model default] [--only SUBSTRING ...]
                                  [--lock /tmp/agentrl-heavy.lock] [--keep DIR]
 
 Rows (each trial a fresh out_dir; a faulted run, then resumes until one exits 0, at most 3):
 
-    kill -9 at <point>     AGENTRL_CRASH_AT=<point>:<n> (agentrl.faults), a real SIGKILL: startup,
+    kill -9 at <point>     AGENTRL_CRASH_AT=<point>:<n> (agentrl.utils.faults), a real SIGKILL: startup,
                            generation, learner_step, weight_push, checkpoint_write; n drawn per trial
     SIGTERM at <point>     the same points with :TERM: the run stops at its next safe point with a
                            checkpoint and exits 143
@@ -121,7 +121,7 @@ def wait_steps(proc: subprocess.Popen, out: Path, n: int) -> bool:
 
 
 def account(out: Path) -> Trial:
-    from agentrl.checkpoint import audit
+    from agentrl.run.checkpoint import audit
 
     trial = Trial(True, None)
     try:

@@ -11,7 +11,7 @@ and GAE (checked for finite weights and a loss, not compared: bf16 rounds differ
 On CUDA the learner's process group is nccl (agentrl.learner.dist); here it is gloo. Each line
 reports the device, the backend, the step's loss and seconds.
 
---ray builds the learner as train.py does for `cluster.backend=ray`: a local Ray (agentrl.cluster.connect,
+--ray builds the learner as train.py does for `cluster.backend=ray`: a local Ray (agentrl.run.cluster.connect,
 never a cluster already running here), one `LearnerRank` actor holding 1 GPU when there is one (its own
 world-size-1 group, nccl on CUDA), the batch through the object store and the weights back as
 `RayLearner.publish` hands them to engines. Its files compare with a plain run's.
@@ -113,7 +113,7 @@ def ray_steps(model: str, names: list[str], out: Path) -> None:
     import ray
     from safetensors.torch import load
 
-    from agentrl.cluster import connect, disconnect
+    from agentrl.run.cluster import connect, disconnect
     from agentrl.config import ClusterConfig
     from agentrl.learner.ray_ranks import RayLearner
 

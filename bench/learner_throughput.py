@@ -284,7 +284,7 @@ def report(label: str, sides: list[Side], tokens: int, n_params: int, peak: floa
 
 
 def bench_model(name: str, args: argparse.Namespace) -> dict[str, float]:
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
 
     path = resolve_model(name)
     tok = load_tokenizer(path)

@@ -255,7 +255,7 @@ async def canned_phase(proc, sids: list[str], turns: int, seed: int) -> Phase:
 
 def check_ledgers(fmt, sessions, turns: int, seed: int) -> tuple[int, int]:
     """(sessions whose ledger is exactly their own conversation's, sessions holding another's marker)."""
-    from agentrl.chat import ledger_from_messages
+    from agentrl.data.chat import ledger_from_messages
 
     exact = mixed = 0
     for i, session in enumerate(sessions):
@@ -269,12 +269,12 @@ def check_ledgers(fmt, sessions, turns: int, seed: int) -> tuple[int, int]:
 async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
-    from agentrl.chat import ChatFormat
+    from agentrl.data.chat import ChatFormat
     from agentrl.config import DefaultModelConfig, ServerConfig
-    from agentrl.default_model import build_tokenizer
+    from agentrl.models.default import build_tokenizer
     from agentrl.rollout.openai_server import OpenAIServer
     from agentrl.rollout.session import Limits
-    from agentrl.tool_formats import get_tool_format
+    from agentrl.rollout.tools import get_tool_format
     from agentrl.types import Episode
 
     fmt = ChatFormat(build_tokenizer(DefaultModelConfig(), tempfile.mkdtemp()))

@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--kl", choices=("loss", "reward"), default="loss", help="the KL term's type")
     args = ap.parse_args()
 
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
     from agentrl.learner.dist import usable_cores
 
     args.threads = args.threads or usable_cores()

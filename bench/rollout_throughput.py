@@ -191,7 +191,7 @@ async def alternate_rounds(engine, pool, fmt, episodes: int, group: int, args: a
 
 
 async def compare_model(name: str, episodes: int, args: argparse.Namespace) -> dict[str, Any]:
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
     from agentrl.config import RolloutConfig
     from agentrl.rollout.engine import Engine
     from agentrl.rollout.episode import EpisodeSpec

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ROOT, median, progress, resolve_model, run_uvloop, table
-from agentrl.files import read_jsonl
+from agentrl.utils.files import read_jsonl
 
 ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
 # Both runs use the shipped off-policy defaults (decoupled PPO, truncated IS, algo.trust_region=clip).
@@ -53,8 +53,8 @@ WORKLOAD = ["env.import_path=envs.guess_number:GuessNumberEnv", "env.kwargs.max_
 
 async def fleet_round_rates(model: str, engines: int, episodes: int, rounds: int) -> tuple[list[float], Counter]:
     """Generated tokens/s of `rounds` timed rounds of the same seeded episodes on a fleet of `engines`."""
-    from agentrl.chat import ChatFormat, load_tokenizer
-    from agentrl.cluster import connect, disconnect
+    from agentrl.data.chat import ChatFormat, load_tokenizer
+    from agentrl.run.cluster import connect, disconnect
     from agentrl.config import ClusterConfig, EngineConfig, RolloutConfig
     from agentrl.rollout.episode import EpisodeSpec
     from agentrl.rollout.fleet import EngineFleet

@@ -63,7 +63,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the usable cores)")
     args = ap.parse_args()
 
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
     from agentrl.config import AlgoConfig, LearnerConfig
     from agentrl.learner.dist import usable_cores
     from agentrl.learner.rl import Learner

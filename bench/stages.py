@@ -10,7 +10,7 @@ default). Held-out evals are `python -m agentrl.eval --config examples/agents/gu
 
 Part a, SFT parity: `python -m agentrl.sft` on demos.jsonl from the untrained default model with the warm
   start's settings (300 steps of 64, lr 2e-3, 30 warmup steps, cosine to 0, nothing held out) vs the
-  default model's own warm start (the same stage loop called by `agentrl.default_model`, rebuilt here in
+  default model's own warm start (the same stage loop called by `agentrl.models.default`, rebuilt here in
   a temp cache so both are timed in this run; `--cached-warm` uses the cached one) vs the old warm start
   (a plain torch loop, /root/.cache/agentrl/default-model-78c592adc323, when present). Before training,
   demos.jsonl is checked to tokenise to exactly the warm start's demonstrations.
@@ -45,7 +45,7 @@ from bench._common import ROOT, progress, table
 OLD_WARM = Path("/root/.cache/agentrl/default-model-78c592adc323")
 EVAL_CONFIG = "examples/agents/guess_number.yaml"
 
-# The warm start's SFT settings (agentrl.default_model.warm_start_config with DefaultModelConfig()):
+# The warm start's SFT settings (agentrl.models.default.warm_start_config with DefaultModelConfig()):
 # 300 steps of 64 demonstrations, 10 % linear warmup to 2e-3, cosine to 0, 5 epochs' worth of rows.
 WARM_SFT = ["--max_steps", "300", "--epochs", "5", "--batch_size", "64", "--micro_batch_size", "64", "--lr", "2e-3",
             "--warmup_steps", "30", "--scheduler", "cosine", "--min_lr_ratio", "0", "--eval_fraction", "0",
@@ -125,11 +125,11 @@ def eval_cells(r: dict[str, Any], samples: int) -> list[str]:
 
 def check_demos(demos: Path) -> None:
     """demos.jsonl, tokenised as the SFT CLI does, is the warm start's demonstration set (order aside)."""
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
     from agentrl.config import DefaultModelConfig
     from agentrl.config.stages import StageDataConfig
     from agentrl.data.examples import build_sft
-    from agentrl.default_model import demonstration_samples, ensure_default_model
+    from agentrl.models.default import demonstration_samples, ensure_default_model
 
     cfg = DefaultModelConfig()
     fmt = ChatFormat(load_tokenizer(str(ensure_default_model(DefaultModelConfig(sft_steps=0)))))
@@ -143,7 +143,7 @@ def check_demos(demos: Path) -> None:
 
 def part_sft(work: Path, samples: int, extra: list[str], cached_warm: bool) -> tuple[str, dict[str, Any]]:
     from agentrl.config import DefaultModelConfig
-    from agentrl.default_model import ensure_default_model
+    from agentrl.models.default import ensure_default_model
 
     base = str(ensure_default_model(DefaultModelConfig(sft_steps=0)))
     check_demos(work / "data" / "demos.jsonl")
@@ -236,7 +236,7 @@ def _prm_scorer(model: str):
     from transformers import AutoModelForCausalLM
 
     from agentrl.algo.preference import prm_step_scores
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
     from agentrl.config.stages import PRMConfig
     from agentrl.data.steps import prm_sample, reward_token_ids
 
@@ -294,7 +294,7 @@ def main() -> None:
     t0 = time.perf_counter()
     try:
         from agentrl.config import DefaultModelConfig
-        from agentrl.default_model import ensure_default_model
+        from agentrl.models.default import ensure_default_model
         from examples.pipeline.make_data import make
 
         counts = make(work / "data")

@@ -102,14 +102,14 @@ async def timed_pushes(sync, engine, tok, pushes: int, label: str) -> list:
 
 
 async def bench_model(name: str, args: argparse.Namespace) -> list[dict]:
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
     from agentrl.config import AlgoConfig, ClusterConfig, EngineConfig, LearnerConfig
-    from agentrl.learner.collective_push import LocalHub
+    from agentrl.weights.push import LocalHub
     from agentrl.learner.rl import Learner
     from agentrl.learner.spec import LearnerSpec
-    from agentrl.learner.weight_sync import EngineWeightSync, push_dtype
+    from agentrl.weights.sync import EngineWeightSync, push_dtype
     from agentrl.rollout.fleet import EngineFleet
-    from agentrl.startup import pick_transport
+    from agentrl.run.startup import pick_transport
 
     path = resolve_model(name)
     tok = load_tokenizer(path)

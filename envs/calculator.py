@@ -2,7 +2,7 @@
 
 The numbers are large enough that a model should call the tool rather than guess. The env
 discovers the tool server's specs at reset (once per URL: episodes share one client), declares them as `tools`, runs the
-model's calls through `agentrl.tool_client.RemoteToolClient` and shows each result as a
+model's calls through `agentrl.rollout.tools.client.RemoteToolClient` and shows each result as a
 `{"role": "tool"}` message cut to `result_token_budget` tokens. The episode ends when the model
 replies with a number and no tool call (reward 1.0 if it is the answer, by
 `rewards.rules.numeric_match`, else 0.0), or after `max_turns`.
@@ -32,8 +32,8 @@ import uuid
 from typing import Any
 
 from agentrl.env import Action, Env, Message, StepResult, ToolCall
-from agentrl.token_budget import truncate_to_tokens
-from agentrl.tool_client import RemoteToolClient, RemoteToolError, named_client, shared_client
+from agentrl.rollout.tools.budget import truncate_to_tokens
+from agentrl.rollout.tools.client import RemoteToolClient, RemoteToolError, named_client, shared_client
 from rewards.rules import last_number, numeric_match
 
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -88,7 +88,7 @@ class CalculatorEnv(Env):
         last = self.turn >= self.max_turns
         if action.tool_parse_error:  # the whole turn is rejected, also calls parsed before the bad one
             hint = 'write <tool_call>{"name": ..., "arguments": {...}}</tool_call>'
-            return StepResult([_tool_message(None, f"error: {action.tool_parse_error}; {hint}")], 0.0, last,
+            return StepResult([tool_message(None, f"error: {action.tool_parse_error}; {hint}")], 0.0, last,
                               self._info(False, tool_error="parse"))
         if action.tool_calls:
             return StepResult(await self._run_calls(action.tool_calls), 0.0, last, self._info(False))
@@ -103,7 +103,7 @@ class CalculatorEnv(Env):
     async def _run_calls(self, calls: list[ToolCall]) -> list[Message]:
         """One tool message per call, in call order; raises RemoteToolError if the server failed."""
         if len(calls) > self.max_calls_per_turn:
-            return [_tool_message(None, f"error: {len(calls)} calls in one turn; at most {self.max_calls_per_turn}")]
+            return [tool_message(None, f"error: {len(calls)} calls in one turn; at most {self.max_calls_per_turn}")]
         known = {spec["function"]["name"] for spec in self.tools}
         results: list[Any] = [None] * len(calls)
         async with asyncio.TaskGroup() as tg:
@@ -114,7 +114,7 @@ class CalculatorEnv(Env):
         messages = []
         for call, job in zip(calls, results):
             if job is None:
-                messages.append(_tool_message(call.name, f"error: unknown tool {call.name!r}; tools: {sorted(known)}"))
+                messages.append(tool_message(call.name, f"error: unknown tool {call.name!r}; tools: {sorted(known)}"))
                 continue
             result = job.result()
             if not result.ok:
@@ -123,7 +123,7 @@ class CalculatorEnv(Env):
                     f"tool {call.name!r} at {self.tool_url} failed ({result.status}, {info.get('kind')}, "
                     f"{info.get('attempts')} attempt(s)) on arguments {call.arguments}: {info.get('error')}")
             self.tool_success = self.tool_success or not result.info.get("is_error", False)
-            messages.append(_tool_message(call.name, truncate_to_tokens(result.content, self.tokenizer, self.budget)))
+            messages.append(tool_message(call.name, truncate_to_tokens(result.content, self.tokenizer, self.budget)))
         return messages
 
     @classmethod
@@ -156,7 +156,7 @@ def initial_messages(task: dict[str, Any], tool_names: list[str], describe_tools
     return [{"role": "system", "content": system_prompt(tool_names, compact_tools)}, question]
 
 
-def _tool_message(name: str | None, content: str) -> Message:
+def tool_message(name: str | None, content: str) -> Message:
     message: Message = {"role": "tool", "content": content}
     if name is not None:
         message["name"] = name
@@ -203,6 +203,6 @@ def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float,
     except ToolArgumentError as exc:  # what the server answers, with is_error: true
         content = f"error: {exc}"
     messages.append({"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"})
-    messages.append(_tool_message("calculator", truncate_to_tokens(content, None, result_token_budget)))
+    messages.append(tool_message("calculator", truncate_to_tokens(content, None, result_token_budget)))
     messages.append({"role": "assistant", "content": estimate if kind == "syntax" else content})
     return messages

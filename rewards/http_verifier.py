@@ -11,7 +11,7 @@ The episode key is `episode.info["episode_key"]`, created once per episode
 effects can deduplicate.
 
 Failure policy (the Reward contract: an infrastructure failure is never a reward of 0), shared with
-every remote endpoint through `agentrl.http_common.PooledEndpoint`:
+every remote endpoint through `agentrl.utils.http_common.PooledEndpoint`:
   * retried, with full-jitter exponential backoff: connect errors, timeouts, dropped connections
     (read/write errors, remote protocol errors), HTTP 5xx and 429 (a `Retry-After` on 429/503 is
     honoured, capped by `backoff_max_s`);
@@ -31,12 +31,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from agentrl.config import VerifierConfig  # the settings live in the config tree (rewards.sources.N.http)
-from agentrl.http_common import EndpointStats, Failure, PooledEndpoint, parse_json_model
+from agentrl.utils.http_common import EndpointStats, Failure, PooledEndpoint, parse_json_model
 from agentrl.types import Episode
 from rewards.base import RewardResult
 from rewards.rules import last_assistant_text
 
-VerifierStats = EndpointStats  # the counters of one verifier endpoint (see agentrl.http_common)
+VerifierStats = EndpointStats  # the counters of one verifier endpoint (see agentrl.utils.http_common)
 
 
 class VerifierResponse(BaseModel):

@@ -43,7 +43,7 @@ from agentrl.data.samples import StepSample
 from agentrl.data.steps import prm_sample, reward_token_ids
 from agentrl.types import Episode
 from rewards.base import RewardResult
-from rewards.reward_model import _content_text
+from rewards.reward_model import content_text
 
 AGGREGATES = {"min": min, "last": lambda xs: xs[-1], "mean": lambda xs: sum(xs) / len(xs)}
 
@@ -63,7 +63,7 @@ class PRMScorer:
     def __init__(self, config: PRMScorerConfig) -> None:
         from transformers import AutoModelForCausalLM
 
-        from agentrl.chat import ChatFormat, load_tokenizer
+        from agentrl.data.chat import ChatFormat, load_tokenizer
 
         self.config = config
         # As the prm stage loaded it: the same tokens, so the same positions and reward-token ids.
@@ -77,7 +77,7 @@ class PRMScorer:
 
     def sample(self, messages: list[dict[str, Any]]) -> StepSample:
         """The episode's tokens and step positions, exactly as the prm stage builds a conversation row."""
-        msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        msgs = [{**m, "content": content_text(m.get("content"))} for m in messages]
         return prm_sample(self.fmt, msgs, None, "episode")
 
     def step_scores(self, sample: StepSample) -> list[float]:

@@ -41,7 +41,7 @@ import torch
 
 from agentrl.algo.logprobs import last_token_hidden
 from agentrl.config import RewardModelConfig
-from agentrl.padding import pad_tokens
+from agentrl.utils.padding import pad_tokens
 from agentrl.types import Episode
 from rewards.base import RewardResult
 
@@ -74,7 +74,7 @@ class _Request:
     enqueued: float  # loop.time() at the call
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """A message's text: a string, or OpenAI-style parts [{"type": "text", "text": ...}, ...]."""
     if isinstance(content, str):
         return content
@@ -102,7 +102,7 @@ class RewardModelScorer:
         imports the learner)."""
         from transformers import AutoModelForSequenceClassification
 
-        from agentrl.chat import load_tokenizer
+        from agentrl.data.chat import load_tokenizer
 
         self.config = config
         # As rollouts and the reward-model stage load it: a score is read at the token it was trained on.
@@ -141,7 +141,7 @@ class RewardModelScorer:
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The text the model scores for `messages`."""
-        msgs = [{**m, "content": _content_text(m.get("content"))} for m in messages]
+        msgs = [{**m, "content": content_text(m.get("content"))} for m in messages]
         if self._use_template:
             return self.tokenizer.apply_chat_template(msgs, tokenize=False)
         return "\n".join(m["content"] for m in msgs)

@@ -27,7 +27,7 @@ import math
 import re
 from typing import Any, Callable
 
-from agentrl.tracebacks import describe
+from agentrl.utils.tracebacks import describe
 from agentrl.types import Episode
 from rewards.base import RewardFn, RewardResult
 

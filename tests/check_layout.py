@@ -1,14 +1,17 @@
 """The layout's rules, checked by walking every import (also those inside functions):
 
   * `agentrl/config` imports nothing of the project but itself, `agentrl.types`, and the leaf registries
-    `agentrl.algo` and `agentrl.tool_formats` (names checked by validators); never `rewards`, `envs`, rollout,
+    `agentrl.algo` and `agentrl.rollout.tools` (names checked by validators); never `rewards`, `envs`, rollout,
     the learner, DeepSpeed or vLLM;
   * `agentrl/algo` imports only torch and the standard library;
   * `agentrl/rollout` imports neither DeepSpeed nor `agentrl.learner`;
   * `rewards/` never imports `agentrl.learner`;
-  * no component imports `agentrl.train` (the wiring sits on top);
-  * imports point down: every unit of `agentrl/` (a top-level module or sub-package), `envs/` and
-    `rewards/` sits in one tier of `TIERS`, and imports only units of its own tier or of tiers below;
+  * `agentrl/learner` imports nothing of `agentrl.rollout` (the weights' two ends meet in `agentrl.weights`);
+  * no component imports `agentrl.train` (the wiring sits on top), and nothing imports a command line as
+    `agentrl.commands.*` (agentrl/commands/ is on `agentrl.__path__`: `agentrl.train` is its one name);
+  * imports point down: every unit (the longest name in `TIERS` a module's name starts with: a package,
+    a sub-package or one module) of `agentrl/`, `envs/` and `rewards/` sits in one tier of `TIERS`, and
+    imports only units of its own tier or of tiers below;
   * no import circles among the project's files (imports at any depth, except under
     `if TYPE_CHECKING:`, which never run), found as strongly connected components;
   * no non-test Python file is over 400 lines.
@@ -24,33 +27,44 @@ import sys
 from pathlib import Path
 
 MAX_LINES = 400
-CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl.tool_formats")
+CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl.rollout.tools")
+CONFIG_MAY_NOT = ("agentrl.rollout.tools.client", "agentrl.rollout.tools.budget", "agentrl.rollout.tools.counts")
 PROJECT = ("agentrl", "rewards", "envs", "examples", "bench", "tests")
 LIBRARY = ("agentrl", "envs", "rewards")  # what the tier and circle rules cover
+COMMANDS_DIR = ("agentrl", "commands")  # on agentrl.__path__: agentrl/commands/train.py is `agentrl.train`
 
-# Lowest first. A unit may import its own tier and the tiers below; within a tier the circle rule
-# keeps the arrows one-way. docs/layout.md lists the same units.
-TIERS: tuple[tuple[str, ...], ...] = (
-    ("agentrl", "agentrl.types", "agentrl.algo", "agentrl.faults", "agentrl.tracebacks", "agentrl.stdio",
-     "agentrl.files", "agentrl.plot", "agentrl.tool_formats", "agentrl.padding", "agentrl.process_exit"),  # leaves: nothing of the project
-    ("agentrl.config",),  # the validated tree
-    ("agentrl.http_common", "agentrl.chat", "agentrl.trackers", "agentrl.collective", "agentrl.buffer",
-     "agentrl.learning_signal", "agentrl.metrics"),
-    ("agentrl.tool_client", "agentrl.token_budget"),
-    ("agentrl.env", "agentrl.data"),
-    ("rewards", "envs", "agentrl.rollout"),  # the components a run is made of
-    ("agentrl.learner",),
-    ("agentrl.cluster", "agentrl.default_model", "agentrl.checkpoint"),
-    ("agentrl.models",),
-    ("agentrl.startup",),
-    ("agentrl.run",),  # one RL run: set-up, loop, checkpoints, clean-up
-    ("agentrl.train", "agentrl.eval", "agentrl.serve", "agentrl.replay", "agentrl.check", "agentrl.stage_cli",
-     "agentrl.lora_merge", "agentrl.sft", "agentrl.rm", "agentrl.prm", "agentrl.dpo", "agentrl.kto"),  # the CLIs
+# Lowest first. A unit is the longest name listed here that a module's name starts with (a package, a
+# sub-package or one module); a unit may import its own tier and the tiers below, and within a tier the
+# circle rule keeps the arrows one-way. Each tier has a heading; docs/layout.md's tree and tier table are
+# generated from this table (docs/gen_layout.py), so the layout is written once.
+TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("leaves: nothing of the project above them",
+     ("agentrl", "agentrl.types", "agentrl.algo", "agentrl.utils", "agentrl.utils.faults", "agentrl.utils.tracebacks",
+      "agentrl.utils.stdio", "agentrl.utils.files", "agentrl.utils.padding", "agentrl.utils.process_exit",
+      "agentrl.telemetry", "agentrl.telemetry.plot", "agentrl.rollout.tools")),
+    ("the validated config tree", ("agentrl.config",)),
+    ("pieces the components share",
+     ("agentrl.utils.http_common", "agentrl.data.chat", "agentrl.telemetry.trackers", "agentrl.run.buffer",
+      "agentrl.telemetry.learning_signal", "agentrl.telemetry.metrics")),
+    ("remote tools", ("agentrl.rollout.tools.client", "agentrl.rollout.tools.budget")),
+    ("what a user writes, and the data it reads", ("agentrl.env", "agentrl.data")),
+    ("the components a run is made of", ("rewards", "envs", "agentrl.rollout", "agentrl.weights")),
+    ("the learner", ("agentrl.learner",)),
+    ("Ray, the embedded default, checkpoints", ("agentrl.run.cluster", "agentrl.models.default", "agentrl.run.checkpoint")),
+    ("named pretrained models", ("agentrl.models",)),
+    ("start-up: checks, building and stopping engines and ranks", ("agentrl.run.startup",)),
+    ("one RL run: set-up, loop, checkpoints, clean-up", ("agentrl.run",)),
+    ("the command lines", ("agentrl.train", "agentrl.eval", "agentrl.serve", "agentrl.replay", "agentrl.check",
+                           "agentrl.stage_cli", "agentrl.lora_merge", "agentrl.sft", "agentrl.rm", "agentrl.prm",
+                           "agentrl.dpo", "agentrl.kto")),
 )
+UNITS = {u for _, units in TIERS for u in units}
 
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
+    if tuple(parts[:2]) == COMMANDS_DIR and len(parts) == 3:
+        parts = ["agentrl", parts[2]]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -76,14 +90,18 @@ def imports(path: Path, root: Path) -> list[tuple[int, str]]:
 
 
 def unit(name: str) -> str:
-    """The layout unit of a module: `agentrl.<top>` for agentrl's, else the top-level package."""
+    """The layout unit of a module: the longest name in TIERS it starts with; else `agentrl.<top>` for
+    agentrl's, or the top-level package."""
     parts = name.split(".")
+    for n in range(len(parts), 1, -1):  # the package itself ("agentrl") is only its own __init__
+        if ".".join(parts[:n]) in UNITS:
+            return ".".join(parts[:n])
     return ".".join(parts[:2]) if parts[0] == "agentrl" else parts[0]
 
 
 def tier(name: str) -> int | None:
     u = unit(name)
-    return next((i for i, units in enumerate(TIERS) if u in units), None)
+    return next((i for i, (_, units) in enumerate(TIERS) if u in units), None)
 
 
 def _tier_violation(module: str, name: str) -> str | None:
@@ -104,8 +122,8 @@ def _within(name: str, prefixes: tuple[str, ...]) -> bool:
 def rule_violations(module: str, name: str) -> str | None:
     """Why `module` may not import `name`, or None."""
     if _within(module, ("agentrl.config",)):
-        if _within(name, PROJECT) and not _within(name, CONFIG_MAY_IMPORT):
-            return "agentrl/config imports only agentrl.config, agentrl.types and the registries algo and tools"
+        if _within(name, PROJECT) and (not _within(name, CONFIG_MAY_IMPORT) or _within(name, CONFIG_MAY_NOT)):
+            return "agentrl/config imports only agentrl.config, agentrl.types and the registries algo and rollout.tools"
         if _within(name, ("deepspeed", "vllm")):
             return "agentrl/config imports no engine"
     if _within(module, ("agentrl.algo",)):
@@ -116,6 +134,10 @@ def rule_violations(module: str, name: str) -> str | None:
         return "agentrl/rollout knows nothing of DeepSpeed or agentrl.learner"
     if _within(module, ("rewards",)) and _within(name, ("agentrl.learner",)):
         return "rewards/ never imports agentrl.learner"
+    if _within(name, ("agentrl.commands",)):
+        return "the command lines are imported by their short names (agentrl.train), never as agentrl.commands.*"
+    if _within(module, ("agentrl.learner",)) and _within(name, ("agentrl.rollout",)):
+        return "agentrl/learner knows nothing of agentrl.rollout (weights go through agentrl.weights)"
     if module != "agentrl.train" and _within(name, ("agentrl.train",)) and not _within(module, ("tests",)):
         return "components never import agentrl.train"
     return _tier_violation(module, name)

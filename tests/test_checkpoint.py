@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.checkpoint import (DRIVER_FILE, CheckpointError, CheckpointStore, RunState, load_run_state,
+from agentrl.run.checkpoint import (DRIVER_FILE, CheckpointError, CheckpointStore, RunState, load_run_state,
                                 resolve_resume, save_run_state)
 from agentrl.data import TaskStream, task_stream
 from agentrl.types import Episode, Group
@@ -62,7 +62,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-from agentrl.checkpoint import CheckpointStore
+from agentrl.run.checkpoint import CheckpointStore
 from test_checkpoint import _fill
 store = CheckpointStore({out!r})
 for step in (2, 4):
@@ -126,7 +126,7 @@ def test_keep_prunes_oldest_and_a_rollback_sets_newer_aside(tmp_path, caplog):
     assert [r["step"] for r in rows] == [1, 2]  # `auto` can never jump forward to them
     assert not (tmp_path / "checkpoints" / "step_4").exists()
     # the resumed run cuts its metrics back (atomic_write: a new file); the link keeps the old rows
-    from agentrl.files import restart_jsonl_at
+    from agentrl.utils.files import restart_jsonl_at
 
     restart_jsonl_at(tmp_path / "metrics.jsonl", 2)
     assert (tmp_path / "metrics.jsonl").read_text().count("step") == 2
@@ -162,8 +162,8 @@ class FakePool:
 def test_every_position_is_accounted_for_once_across_a_snapshot():
     """Positions below the cursor are trained, dropped (failed), waiting, or in flight; after a
     restore into fresh components, the in-flight ones are re-issued first and then the stream goes on."""
-    from agentrl.buffer import StalenessBuffer
-    from agentrl.checkpoint import capture, restore
+    from agentrl.run.buffer import StalenessBuffer
+    from agentrl.run.checkpoint import capture, restore
     from agentrl.rollout.pool import Producer
 
     async def scenario():

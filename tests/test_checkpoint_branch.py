@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from agentrl.checkpoint import CheckpointStore, RunState, load_run_state, resolve_resume, save_run_state
+from agentrl.run.checkpoint import CheckpointStore, RunState, load_run_state, resolve_resume, save_run_state
 from agentrl.config import load_config
 from agentrl.learner.state import load_state, save_state
-from agentrl.run import RLRun
+from agentrl.run.rl_run import RLRun
 from agentrl.types import Episode, Group
 
 

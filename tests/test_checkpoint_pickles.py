@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.checkpoint import CheckpointError, CheckpointStore, load_run_state, resolve_resume, save_run_state
+from agentrl.run.checkpoint import CheckpointError, CheckpointStore, load_run_state, resolve_resume, save_run_state
 from agentrl.config import ConfigError
 from agentrl.learner.state import CheckpointFileError, check_files, load_state, safe_torch_load, save_state
 from test_checkpoint import _fill, _rl_batch, _state
@@ -167,7 +167,7 @@ def test_driver_state_round_trips_through_json(tmp_path):
     """Every container a component hands over comes back equal and of the same type."""
     from collections import Counter, defaultdict
 
-    from agentrl.rollout.tool_counts import ToolCallStats
+    from agentrl.rollout.tools.counts import ToolCallStats
     from agentrl.types import Episode, Group, Segment, Turn
     from rewards.sources import SourceStats
 

@@ -1,4 +1,4 @@
-"""SIGTERM / SIGINT stop a run at its next safe point (`agentrl.checkpoint.preempt`): the request, the
+"""SIGTERM / SIGINT stop a run at its next safe point (`agentrl.run.checkpoint.preempt`): the request, the
 second signal that exits at once, and the batch wait a stop gives up only when that loses nothing.
 (The whole path on the real CLI: tests/test_e2e_resume.py.)"""
 
@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentrl.buffer import StalenessBuffer
-from agentrl.checkpoint.preempt import RunStopped, StopRequest
+from agentrl.run.buffer import StalenessBuffer
+from agentrl.run.checkpoint.preempt import RunStopped, StopRequest
 from test_checkpoint import _episode
 from test_checkpoint_branch import _run_in
 
@@ -20,7 +20,7 @@ TWICE = """
 import asyncio, logging, os, signal, sys
 sys.path.insert(0, {root!r})
 logging.basicConfig(level=logging.INFO)
-from agentrl.checkpoint.preempt import StopRequest
+from agentrl.run.checkpoint.preempt import StopRequest
 
 async def main():
     stop = StopRequest()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.checkpoint import CheckpointStore, CheckpointWriteError, load_run_state, resolve_resume
+from agentrl.run.checkpoint import CheckpointStore, CheckpointWriteError, load_run_state, resolve_resume
 from test_checkpoint import _fill
 from test_checkpoint_branch import _run_in, _write_run
 
@@ -24,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _fresh_fault_counts():
-    from agentrl import faults
-
+    from agentrl.utils import faults
     faults.reset()  # visits counted by an earlier test in this process
 
 
@@ -68,7 +67,7 @@ FILL_DISK = """
 import resource, signal, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
 from pathlib import Path
-from agentrl.checkpoint import CheckpointStore, CheckpointWriteError
+from agentrl.run.checkpoint import CheckpointStore, CheckpointWriteError
 from test_checkpoint import _fill
 store = CheckpointStore({out!r})
 store.write(2, _fill(2))

@@ -1,5 +1,5 @@
 """`cluster.interface`: where a Ray run's groups listen when its nodes are several machines. The
-actors' gloo/NCCL interface comes from the job's runtime environment (agentrl.cluster.network_env), the
+actors' gloo/NCCL interface comes from the job's runtime environment (agentrl.run.cluster.network_env), the
 learner ranks' rendezvous and the weight hub bind the interface's address (agentrl.learner.ray_ranks)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from agentrl import collective
-from agentrl.cluster import ClusterError, network_env
+from agentrl.weights import collective
+from agentrl.run.cluster import ClusterError, network_env
 from agentrl.config import ClusterConfig, load_config
 
 
@@ -56,9 +56,9 @@ def test_the_hub_and_the_rendezvous_bind_the_named_interface_s_address(monkeypat
 
 
 def test_ray_s_token_file_is_made_private_and_a_readable_one_narrowed(tmp_path, monkeypatch, caplog):
-    """agentrl.cluster.keep_token_private, before a local Ray starts: the token Ray would write 0644 is
+    """agentrl.run.cluster.keep_token_private, before a local Ray starts: the token Ray would write 0644 is
     written 0600 (Ray then reads it, as its own); one this user left readable by others becomes 0600."""
-    from agentrl.cluster import keep_token_private
+    from agentrl.run.cluster import keep_token_private
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
@@ -69,7 +69,7 @@ def test_ray_s_token_file_is_made_private_and_a_readable_one_narrowed(tmp_path, 
     keep_token_private(token)
     assert token.read_text() == first  # an existing token is kept: a running cluster may use it
     token.chmod(0o644)
-    with caplog.at_level("WARNING", logger="agentrl.cluster"):
+    with caplog.at_level("WARNING", logger="agentrl.run.cluster"):
         keep_token_private(token)
     assert token.stat().st_mode & 0o777 == 0o600 and "readable by you only" in caplog.text
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # no token auth: nothing made
@@ -79,7 +79,7 @@ def test_ray_s_token_file_is_made_private_and_a_readable_one_narrowed(tmp_path, 
 
 def test_nccl_stays_on_loopback_in_a_local_process_and_a_ray_actor_keeps_what_its_start_chose(monkeypatch):
     """keep_gloo_on_loopback (a one-process learner, the vLLM plugin): NCCL on lo where every peer is on
-    this node; in a run's Ray actor (AGENTRL_RAY_ACTOR, set by agentrl.cluster.connect) NCCL is left to the
+    this node; in a run's Ray actor (AGENTRL_RAY_ACTOR, set by agentrl.run.cluster.connect) NCCL is left to the
     runtime environment network_env chose, since its weight groups may reach other nodes."""
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "before")  # restored after the test
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)

@@ -3,7 +3,7 @@ suite's warm one (tests/warm_python.py). A fork has already imported torch, Deep
 stdout routed, so what a real first run prints at import (vLLM's logger, a library's warning, and
 DeepSpeed's accelerator notice, which must no longer come) is seen only here. What each command's stdout
 holds is its product alone: the train summary, the stage's one JSON line; every log goes to stderr
-(agentrl.stdio), and a log file gets plain progress lines, not redraws (agentrl.metrics.LineProgress)."""
+(agentrl.utils.stdio), and a log file gets plain progress lines, not redraws (agentrl.telemetry.metrics.LineProgress)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.metrics import print_summary
+from agentrl.telemetry.metrics import print_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
@@ -29,7 +29,7 @@ def cold_env() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT), "CI": "true"}
 
 
-NOTICE = "Setting accelerator to CPU"  # DeepSpeed's, on a CPU install: agentrl.stdio.pin_cpu_accelerator
+NOTICE = "Setting accelerator to CPU"  # DeepSpeed's, on a CPU install: agentrl.utils.stdio.pin_cpu_accelerator
 
 
 def test_a_cold_train_run_prints_exactly_its_summary(tmp_path, model_dir):
@@ -53,7 +53,7 @@ def test_a_cold_train_run_prints_exactly_its_summary(tmp_path, model_dir):
     # or Hugging Face's is redrawn with carriage returns (vLLM's one-off "Loading safetensors checkpoint
     # shards" bar, in the engine's process, is the one left).
     lines = proc.stderr.split("\n")
-    progress = [line.split(": ", 1)[1].split(" | ")[0] for line in lines if " agentrl.metrics: RL steps " in line]
+    progress = [line.split(": ", 1)[1].split(" | ")[0] for line in lines if " agentrl.telemetry.metrics: RL steps " in line]
     assert [p.split(" reward=")[0] for p in progress] == ["RL steps 1/2 (50%)", "RL steps 2/2 (100%)"], progress
     assert [line for line in lines if "\r" in line and "Loading safetensors" not in line] == [], proc.stderr[-3000:]
     assert len(lines) < 60, proc.stderr[-6000:]

@@ -1,4 +1,4 @@
-"""Who can reach the collective weight path, and what a stranger who does can do (agentrl.collective,
+"""Who can reach the collective weight path, and what a stranger who does can do (agentrl.weights.collective,
 "Who can reach it"): the store listens on the address it is given, not the wildcard torch binds; a
 stranger on the port writes keys and the push still lands, reading none of them; a value a stranger
 wrote over the group's is refused; a peer that cannot prove the group's key is refused before any
@@ -13,8 +13,8 @@ import psutil
 import pytest
 import torch
 
-from agentrl import collective
-from agentrl.learner.collective_push import SenderHub
+from agentrl.weights import collective
+from agentrl.weights.push import SenderHub
 
 TIMEOUT = datetime.timedelta(seconds=20)
 
@@ -153,7 +153,7 @@ def test_a_peer_that_cannot_prove_the_key_is_refused_before_any_weights_move():
 
 
 def test_the_key_is_handed_over_in_the_init_info_and_kept_out_of_reprs():
-    from agentrl.rollout.weight_receiver import InitInfo
+    from agentrl.weights.receiver import InitInfo
 
     hub = SenderHub("127.0.0.1", timeout_s=5, bucket_bytes=1 << 20)
     init = hub.open("engine0", 1)

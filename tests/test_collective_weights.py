@@ -1,4 +1,4 @@
-"""The collective weight path (agentrl.collective, learner/collective_push.py, rollout/weight_receiver.py):
+"""The collective weight path (agentrl.weights.collective, weights/push.py, weights/receiver.py):
 the bucket plan against hand-computed offsets, a real gloo group on loopback carrying a snapshot
 bit-exactly and never aliasing the live weights, bounded waits for a peer that never comes; and with a
 real vLLM engine: an engine core killed mid-push restarted into a new group, a push whose sender
@@ -17,8 +17,8 @@ import psutil
 import pytest
 import torch
 
-from agentrl import collective
-from agentrl.learner.collective_push import LocalHub, SenderHub, pack_snapshot
+from agentrl.weights import collective
+from agentrl.weights.push import LocalHub, SenderHub, pack_snapshot
 
 
 def metas_of(*specs):
@@ -149,17 +149,17 @@ def max_diff(a: list[float], b: list[float]) -> float:
 
 
 async def local_setup(model_dir: str, deadline_s: float = 60.0):
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
     from agentrl.config import ClusterConfig, EngineConfig
-    from agentrl.learner.weight_sync import EngineWeightSync
+    from agentrl.weights.sync import EngineWeightSync
     from agentrl.rollout.fleet import EngineFleet
-    from agentrl.startup import pick_transport
+    from agentrl.run.startup import pick_transport
 
     tok = load_tokenizer(model_dir)
     fleet = EngineFleet.local(model_dir, EngineConfig(max_num_seqs=8), tok.eos_token_id, ClusterConfig())
     await fleet.start()
     ids = fixed_sequence(tok)
-    before = await fleet.members[0].engine.score(ids)
+    before = await fleet.members[0].engine.prompt_logprobs(ids)
     learner, probe = await stepped_learner(model_dir, tok, ids, before, lr=1e-4)
     hub = LocalHub(lambda: learner.state_dict_cpu(clone=False), None, deadline_s, 1 << 20)
     publish = await pick_transport("collective", fleet, hub)
@@ -215,7 +215,7 @@ def test_an_engine_killed_mid_push_is_restarted_into_a_new_group_and_a_silent_se
             await sync.push(4)
             (landed,) = await sync.drain()
             assert landed.ok and fleet.versions() == [4], landed
-            after = await member.engine.score(ids)
+            after = await member.engine.prompt_logprobs(ids)
             assert max_diff(after, learner.logprobs(probe)[0, 1:len(ids)].tolist()) < 1e-4
             assert member.restarts == 1  # the missed deadline lost no weights: no second restart
         finally:

@@ -26,7 +26,7 @@ from agentrl.config.schema import Config, ClusterConfig, TrainConfig
 from agentrl.config.stages import StageConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("mkdocs.yml", "docs", "agentrl", "envs", "rewards")
+SOURCES = ("mkdocs.yml", "docs", "agentrl", "envs", "rewards", "tests/check_layout.py")
 
 
 def generator():
@@ -46,6 +46,7 @@ def source_copy(tmp: Path) -> Path:
         if src.is_dir():
             shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, repo / name)
     return repo
 
@@ -85,6 +86,21 @@ def test_the_site_builds_strict_with_the_generated_reference(tmp_path):
     assert rows["optim.zero_stage"][1] != ""  # the stages' tree is there too
     # the hand-written pages link to it and to each other: strict mode checked every one of those links
     assert 'href="../configuration/"' in (site / "configuration-reference" / "index.html").read_text()
+    # the layout page's tree and tiers come from the package and the layout test's table, not from prose
+    layout = html.unescape((site / "layout" / "index.html").read_text())
+    assert "<!-- generated: layout -->" not in layout
+    for name in sorted(p.name for p in (ROOT / "agentrl").iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        assert f"  {name}/" in layout, name
+    for i, (heading, units) in enumerate(layout_tiers()):
+        row = table_rows(layout)[str(i)]
+        assert row[1] == heading and row[2].split(", ") == list(units), row
+
+
+def layout_tiers():
+    spec = importlib.util.spec_from_file_location("check_layout", ROOT / "tests" / "check_layout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TIERS
 
 
 def test_a_broken_link_a_missing_anchor_or_a_page_out_of_the_nav_fails_the_build(tmp_path):

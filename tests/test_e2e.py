@@ -97,14 +97,14 @@ def test_vllm_logprobs_match_learner_after_push(request, model, lr):
     embedded default and on SmolLM2-135M (tied embeddings), through each transport in turn on one
     engine: a file in /dev/shm (its path through the RPC), then a gloo group into vLLM's worker."""
     model_dir = request.getfixturevalue(model)
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
     from agentrl.config import AlgoConfig, ClusterConfig, EngineConfig, LearnerConfig
-    from agentrl.learner.collective_push import LocalHub
+    from agentrl.weights.push import LocalHub
     from agentrl.learner.rl import Learner
     from agentrl.learner.spec import LearnerSpec
-    from agentrl.learner.weight_sync import EngineWeightSync
+    from agentrl.weights.sync import EngineWeightSync
     from agentrl.rollout.fleet import EngineFleet
-    from agentrl.startup import pick_transport
+    from agentrl.run.startup import pick_transport
     from agentrl.types import Episode, TrainBatch
 
     tok = load_tokenizer(model_dir)
@@ -119,7 +119,7 @@ def test_vllm_logprobs_match_learner_after_push(request, model, lr):
         engine = fleet.members[0].engine
         try:
             learner = await asyncio.to_thread(Learner, LearnerSpec(model_dir, LearnerConfig(lr=lr), AlgoConfig(), 2))
-            before = await engine.score(ids)
+            before = await engine.prompt_logprobs(ids)
             ep = Episode(task_id="t", group_id=0)
             ep.append(ids[:-3], generated=False)
             ep.append(ids[-3:], generated=True, logprobs=before[-3:], versions=[0, 0, 0])
@@ -139,7 +139,7 @@ def test_vllm_logprobs_match_learner_after_push(request, model, lr):
                 await sync.push(learner.version)
                 (result,) = await sync.drain()
                 assert result.ok and engine.version == learner.version and result.pause_s > 0, (transport, result)
-                after = await engine.score(ids)
+                after = await engine.prompt_logprobs(ids)
                 learner_lp = learner.logprobs(probe)[0, 1:len(ids)].tolist()
                 diff = max(abs(a - b) for a, b in zip(after, learner_lp))
                 change = max(abs(a - b) for a, b in zip(after, before))

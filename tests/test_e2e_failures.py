@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.learning_signal import WHAT_TO_DO
+from agentrl.telemetry.learning_signal import WHAT_TO_DO
 import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_a_30_percent_transient_failure_rate_trains_to_the_end_with_failures_cou
 
 def test_dynamic_filter_on_a_reward_that_never_varies_ends_the_run_saying_so(tmp_path, tiny_model):
     """Every group is dropped for equal rewards, so no batch ever fills: without a bound the run would sample
-    forever. It warns at 64 dropped in a row and ends at 256 (agentrl.learning_signal.filter_streak_limit:
+    forever. It warns at 64 dropped in a row and ends at 256 (agentrl.telemetry.learning_signal.filter_streak_limit:
     4 groups a batch here), exit 1, before any step."""
     proc = train(tmp_path, tiny_model, 0.0, "train.steps=30", "train.eval_before=false", "env.kwargs.no_reward=true",
                  "algo.dynamic_filter=true")

@@ -74,13 +74,13 @@ def auth_env():
 
 
 def test_a_local_ray_listens_on_loopback_only_with_token_auth(auth_env):
-    """agentrl.cluster.connect with no address: every socket the Ray processes (GCS, raylet, object
+    """agentrl.run.cluster.connect with no address: every socket the Ray processes (GCS, raylet, object
     manager, agents, workers, this driver's core worker) listen on is a loopback one, the machine's
     outward address reaches none of them, actors see 127.0.0.1 as their node's address, and a client
     without Ray's token is turned away."""
     import ray
 
-    from agentrl.cluster import connect, disconnect, token_auth_on
+    from agentrl.run.cluster import connect, disconnect, token_auth_on
     from agentrl.config import ClusterConfig
 
     connect(ClusterConfig(backend="ray", engines=1))

@@ -13,7 +13,7 @@ import agents
 import openai
 import pytest
 
-from agentrl.chat import ChatFormat, ledger_from_messages, load_tokenizer
+from agentrl.data.chat import ChatFormat, ledger_from_messages, load_tokenizer
 from agentrl.config import EngineConfig, RolloutConfig, ServerConfig
 from agentrl.rollout.agent_episode import make_server
 from agentrl.rollout.engine import Engine
@@ -22,7 +22,7 @@ from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.pool import RolloutPool
 from agentrl.rollout.responses_protocol import chat_tools, input_messages
 from agentrl.rollout.session import Limits
-from agentrl.tool_formats import get_tool_format
+from agentrl.rollout.tools import get_tool_format
 from agentrl.types import TrainBatch
 
 from agents.models.openai_provider import OpenAIProvider

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.checkpoint import audit, load_run_state
+from agentrl.run.checkpoint import audit, load_run_state
 import warm_python
 
 ROOT = Path(__file__).resolve().parents[1]

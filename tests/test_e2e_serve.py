@@ -40,7 +40,7 @@ def served(model_dir):
 
 
 def test_serve_streams_the_same_tokens_and_records_the_ledger(served, model_dir):
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
 
     headers = {"Authorization": "Bearer s3cret"}
     base = served.removesuffix("/v1")

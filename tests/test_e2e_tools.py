@@ -37,7 +37,7 @@ def tool_server():
 def calculator_model(tmp_path_factory) -> str:
     """A short warm start on mostly-correct calculator demonstrations, so the model emits tool calls."""
     from agentrl.config import DefaultModelConfig
-    from agentrl.default_model import ensure_default_model
+    from agentrl.models.default import ensure_default_model
 
     cfg = DefaultModelConfig(task="calculator", split_digits=True, sft_steps=60, sft_demos=400, sft_batch_size=32,
                              sft_lr=5e-3, demo_optimal_prob=0.9, cache_dir=str(tmp_path_factory.mktemp("models")))
@@ -100,7 +100,7 @@ def ledger_around_turns(fmt, ep: dict) -> list[int]:
 
 def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_model):
     """examples/agents/openai_agent.py: the same task as plain `openai` code, through the run's endpoint."""
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
 
     out = tmp_path / "run"
     train("examples/agents/openai_agent.yaml", out, calculator_model, f"env.kwargs.tool_url={tool_server}", "train.steps=2",

@@ -25,7 +25,7 @@ def test_tokens_sampled_before_a_push_keep_their_version_when_read_after_it(tiny
     model_dir = tiny_model
     from transformers import AutoModelForCausalLM
 
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
     from agentrl.config import EngineConfig
     from agentrl.rollout.engine import Engine
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fake_engine import Reply, ScriptedEngine
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, StepResult, ToolCall, load_env, parse_tool_calls
 from agentrl.rollout.episode import EpisodeSpec, run_episode

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.config.load import load_config
-from agentrl.startup import prepare
+from agentrl.run.startup import prepare
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "examples" / "agents").glob("*.yaml"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fake_engine import ScriptedEngine
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.rollout.episode import EpisodeSpec
 from agentrl.rollout.failures import EpisodesFailing

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from agentrl.learner.weight_sync import EngineWeightSync
+from agentrl.weights.sync import EngineWeightSync
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.fleet import EngineFleet, FleetFailed, Member
 
@@ -294,7 +294,7 @@ def test_a_late_close_from_the_life_before_a_restart_leaves_the_new_group_alone(
     group. The failed load's clean-up (`close` of its group) reaches the hub only after that: it must
     drop the dead life's group, not the one the new life just opened (which made the new life's join
     fail with KeyError and cost a second restart once restarts took 2 s)."""
-    from agentrl.rollout.collective_load import join
+    from agentrl.weights.load import join
 
     class Hub:  # SenderHub's bookkeeping of groups by key
         def __init__(self):
@@ -328,7 +328,7 @@ def test_a_collective_load_closed_with_its_loop_closes_without_awaiting():
     """A load still waiting when its task is destroyed (the loop ends, or the task is collected) is
     closed by GeneratorExit; its clean-up must not await, or the close becomes a RuntimeError that the
     fleet would read as an engine failure."""
-    from agentrl.rollout.collective_load import load_into
+    from agentrl.weights.load import load_into
 
     class Hanging(Member):
         async def stage_weights(self, update_info):
@@ -401,7 +401,7 @@ def test_a_ray_engine_dies_only_of_its_own_actor_error():
 def test_engines_and_ranks_ask_for_the_custom_resources_that_place_them():
     """cluster.engine_resources / learner_resources go into each actor's options and into what the
     cluster must hold; engines spread over nodes."""
-    from agentrl.cluster import needed
+    from agentrl.run.cluster import needed
     from agentrl.config import ClusterConfig
     from agentrl.rollout.ray_engine import actor_options
 

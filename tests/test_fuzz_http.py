@@ -29,11 +29,11 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.env import Action
 from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.session import Limits
-from agentrl.tool_formats import get_tool_format
+from agentrl.rollout.tools import get_tool_format
 from envs import openenv_env
 from envs.openenv_env import OpenEnvEnv, OpenEnvError
 from rewards.servers import serve

@@ -1,4 +1,4 @@
-"""The one JSON-lines reader (`agentrl.files.read_jsonl`): strict errors name file and line, tolerant
+"""The one JSON-lines reader (`agentrl.utils.files.read_jsonl`): strict errors name file and line, tolerant
 reading skips a torn last line, blank lines are skipped, lines end at "\\n" only; and the readers
 built on it keep their messages (tasks, texts, metrics, the checkpoint manifest, a resumed file)."""
 
@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from agentrl.checkpoint import CheckpointStore
+from agentrl.run.checkpoint import CheckpointStore
 from agentrl.data import DataError, read_tasks, read_texts
-from agentrl.files import JsonlError, jsonl_lines, publish_folder, read_jsonl, restart_jsonl_at
-from agentrl.metrics import read_metrics
+from agentrl.utils.files import JsonlError, jsonl_lines, publish_folder, read_jsonl, restart_jsonl_at
+from agentrl.telemetry.metrics import read_metrics
 
 
 def test_strict_reading_names_file_and_line(tmp_path):

@@ -33,15 +33,19 @@ PLANTED = {
     "rewards/bad.py": ("from agentrl import learner\n", "rewards/ never imports agentrl.learner"),
     "envs/bad.py": ("from agentrl.train import main\n", "components never import agentrl.train"),
     "bench/long.py": ("x = 1\n" * 401, "401 lines"),
-    "agentrl/buffer.py": ("def f():\n    from agentrl.rollout.pool import Producer\n", "imports point down: agentrl.buffer"),
+    "agentrl/run/buffer.py": ("def f():\n    from agentrl.rollout.pool import Producer\n", "imports point down: agentrl.run.buffer"),
     "agentrl/newroom.py": ("from agentrl.types import Episode\n", "agentrl.newroom is in no tier"),
+    "agentrl/rollout/cmd.py": ("from agentrl.commands.eval import main\n", "never as agentrl.commands"),
+    "agentrl/learner/bad.py": ("from agentrl.rollout.engine import Engine\n", "agentrl/learner knows nothing of agentrl.rollout"),
+    "agentrl/utils/up.py": ("from agentrl.data.tasks import Task\n", "imports point down: agentrl.utils"),
 }
 
 
 @pytest.mark.parametrize("path", sorted(PLANTED))
 def test_the_checker_finds_a_planted_violation(tmp_path, path):
     text, why = PLANTED[path]
-    for package in ("agentrl", "agentrl/config", "agentrl/algo", "agentrl/rollout", "rewards", "envs", "bench"):
+    for package in ("agentrl", "agentrl/config", "agentrl/algo", "agentrl/rollout", "agentrl/run", "agentrl/learner",
+                    "agentrl/utils", "rewards", "envs", "bench"):
         (tmp_path / package).mkdir(parents=True, exist_ok=True)
         (tmp_path / package / "__init__.py").write_text("")
     (tmp_path / "agentrl/config/ok.py").write_text("from agentrl.types import Episode\nfrom agentrl.algo import X\n")

@@ -1,4 +1,4 @@
-"""The no-learning-signal warning (agentrl.learning_signal) on hand-built batches, and the end of a run whose
+"""The no-learning-signal warning (agentrl.telemetry.learning_signal) on hand-built batches, and the end of a run whose
 dynamic_filter drops every group (the producer on a scripted pool)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from agentrl.learning_signal import (WHAT_TO_DO, NoLearningSignal, SignalWatch, StepSignal, filter_streak_limit,
+from agentrl.telemetry.learning_signal import (WHAT_TO_DO, NoLearningSignal, SignalWatch, StepSignal, filter_streak_limit,
                                      step_signal)
 from agentrl.types import Episode, Group
 
@@ -89,7 +89,7 @@ def test_dynamic_filter_ends_with_no_learning_signal_after_its_limit_of_dropped_
     """Every group all 0 or all 1: the producer warns once at a quarter of the limit, then `failed` gets
     NoLearningSignal at exactly the limit, and the run's wait for a batch raises it; a kept group resets
     the streak."""
-    from agentrl.buffer import StalenessBuffer
+    from agentrl.run.buffer import StalenessBuffer
     from agentrl.rollout.failing import unless_failed
     from agentrl.rollout.pool import Producer
 

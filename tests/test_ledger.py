@@ -12,7 +12,7 @@ import copy
 import pytest
 from fake_engine import Reply, ScriptedEngine
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, StepResult, load_env
 from agentrl.rollout.episode import EpisodeSpec, run_episode
@@ -327,7 +327,7 @@ def test_sft_ledger_of_demonstrations_renders_the_template(tok):
 def test_saved_default_tokenizer_reloads_with_identical_tokens(tok, tmp_path):
     """A model folder's tokenizer must tokenize as the one the warm start used (transformers 5
     would otherwise substitute Qwen2's digit-splitting pre-tokenizer for a qwen2 folder)."""
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
 
     tok.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')

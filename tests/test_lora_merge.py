@@ -55,7 +55,7 @@ def run_cli(base, lora, out) -> int:
 def test_causal_lm_merge_reproduces_the_peft_logits(tmp_path, tiny_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
 
     base = save_base(tmp_path / "base", tiny_tokenizer)
     peft_model = apply_lora(AutoModelForCausalLM.from_pretrained(base), RANK, ALPHA).eval()
@@ -87,7 +87,7 @@ def test_sequence_classifier_merge_reproduces_the_peft_scores(tmp_path, tiny_tok
     from peft import LoraConfig, TaskType, get_peft_model
     from transformers import AutoModelForSequenceClassification
 
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
 
     base = save_base(tmp_path / "base", tiny_tokenizer, classifier=base_kind == "classifier")
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1)

@@ -13,11 +13,11 @@ import pytest
 from matplotlib.image import imread
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agentrl import metrics
+from agentrl.telemetry import metrics
 from agentrl.config.load import ConfigError
-from agentrl.metrics import MetricsSink, print_summary, read_metrics
-from agentrl.plot import plot_run
-from agentrl.trackers import flat_scalars, wandb_mode, wandb_run_id
+from agentrl.telemetry.metrics import MetricsSink, print_summary, read_metrics
+from agentrl.telemetry.plot import plot_run
+from agentrl.telemetry.trackers import flat_scalars, wandb_mode, wandb_run_id
 
 
 def record(step: int, scale: float = 1.0, **extra) -> dict:
@@ -246,7 +246,7 @@ def test_a_cpu_runs_install_notices_are_not_printed_and_real_warnings_are(tmp_pa
     scan = "import torch.distributed as dist\nhasattr(dist.reduce_op, '__dict__')\n"
     code = (
         "import logging, subprocess, sys, warnings\n"
-        "from agentrl.metrics import setup_logging\n"
+        "from agentrl.telemetry.metrics import setup_logging\n"
         "setup_logging()\n"
         "from vllm.triton_utils import importing\n"
         f"{scan}"

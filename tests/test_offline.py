@@ -16,8 +16,8 @@ import pytest
 from huggingface_hub import constants
 
 from agentrl.config import ConfigError, load_config
-from agentrl.models import missing_hub_files
-from agentrl.startup import OFFLINE_VARS, check_model, check_model_path, stay_offline
+from agentrl.models.named import missing_hub_files
+from agentrl.run.startup import OFFLINE_VARS, check_model, check_model_path, stay_offline
 
 REPO = Path(__file__).resolve().parents[1]
 REV = "0123456789abcdef0123456789abcdef01234567"

@@ -15,11 +15,11 @@ import resource
 
 import aiohttp
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import ServerConfig
 from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.session import Limits
-from agentrl.tool_formats import get_tool_format
+from agentrl.rollout.tools import get_tool_format
 from agentrl.types import Episode
 from tests.fake_engine import ScriptedEngine
 

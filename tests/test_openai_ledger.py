@@ -13,11 +13,11 @@ import httpx
 import openai
 import pytest
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import ServerConfig
 from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.session import Limits
-from agentrl.tool_formats import get_tool_format
+from agentrl.rollout.tools import get_tool_format
 from agentrl.types import Episode, TrainBatch
 from tests.fake_engine import Reply, ScriptedEngine
 

@@ -21,12 +21,12 @@ import openenv.core  # noqa: F401  (the envs extra installs it; missing, this fi
 
 from fake_engine import ScriptedEngine
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.config.load import load_config
 from agentrl.env import Action
 from agentrl.rollout.episode import EpisodeSpec, run_episode
-from agentrl.startup import prepare
+from agentrl.run.startup import prepare
 from envs import openenv_server
 from envs.openenv_env import OpenEnvEnv, OpenEnvError, extract_json_object, render
 

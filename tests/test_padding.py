@@ -1,10 +1,10 @@
-"""agentrl.padding, the one right-padding helper, against hand-written tensors."""
+"""agentrl.utils.padding, the one right-padding helper, against hand-written tensors."""
 
 from __future__ import annotations
 
 import torch
 
-from agentrl.padding import pad_right, pad_tokens
+from agentrl.utils.padding import pad_right, pad_tokens
 
 
 def test_pad_right_fills_after_each_row():

@@ -130,7 +130,7 @@ def _direct_scores(prm_dir: str, messages: list[dict]) -> list[float]:
     """P(good) from a separately loaded model's full logits at the prm_sample positions."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
     from agentrl.data.steps import prm_sample
 
     fmt = ChatFormat(load_tokenizer(prm_dir))
@@ -199,7 +199,7 @@ def test_configured_prm_source_scores_through_the_combiner(prm_dir):
 
 
 def test_prm_config_errors_are_one_line_and_name_the_key(tmp_path):
-    from agentrl.startup import prepare
+    from agentrl.run.startup import prepare
 
     bad = {
         "{name: p, type: prm, prm: {path: x, aggregate: max}}":

@@ -1,7 +1,7 @@
 """A run's log is readable when stderr is a file: progress as a bounded number of plain lines, not one
-tqdm redraw per step run together by carriage returns (agentrl.metrics.LineProgress); and DeepSpeed's
+tqdm redraw per step run together by carriage returns (agentrl.telemetry.metrics.LineProgress); and DeepSpeed's
 "Setting accelerator to CPU" notice, which a CPU install can do nothing about, is gone at its source
-(agentrl.stdio.pin_cpu_accelerator: DS_ACCELERATOR=cpu, as DeepSpeed documents)."""
+(agentrl.utils.stdio.pin_cpu_accelerator: DS_ACCELERATOR=cpu, as DeepSpeed documents)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from agentrl import metrics, stdio
-from agentrl.metrics import LineProgress, MetricsSink, TqdmHandler
+from agentrl.telemetry import metrics
+from agentrl.utils import stdio
+from agentrl.telemetry.metrics import LineProgress, MetricsSink, TqdmHandler
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTICE = "Setting accelerator to CPU"
@@ -44,13 +45,13 @@ def drive(bar: LineProgress, clock: FakeClock, steps: int, step_s: float) -> lis
 
 
 def test_a_fast_400_step_run_writes_a_line_at_the_start_and_every_5_percent(caplog):
-    caplog.set_level(logging.INFO, logger="agentrl.metrics")
+    caplog.set_level(logging.INFO, logger="agentrl.telemetry.metrics")
     clock = FakeClock()
     bar = LineProgress(400, desc="RL steps", clock=clock)
     shown = drive(bar, clock, 400, step_s=0.5)
     bar.close()
     assert shown == [1, *range(20, 401, 20)] and bar.lines == 21  # close adds nothing: 400 was shown
-    messages = [r.getMessage() for r in caplog.records if r.name == "agentrl.metrics"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "agentrl.telemetry.metrics"]
     assert len(messages) == 21
     assert messages[0] == "RL steps 1/400 (0%) reward=0.000 | 00:00 elapsed, 03:19 left"
     assert messages[10] == "RL steps 200/400 (50%) reward=0.497 | 01:40 elapsed, 01:40 left"
@@ -88,7 +89,7 @@ def test_the_sink_draws_tqdm_on_a_terminal_and_plain_lines_into_a_file(tmp_path,
     monkeypatch.setattr(sys, "stderr", stream)
     handler = TqdmHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("agentrl.metrics")
+    logger = logging.getLogger("agentrl.telemetry.metrics")
     monkeypatch.setattr(logger, "propagate", False)  # this handler alone: the root's may write to stderr too
     level = logger.level
     logger.setLevel(logging.INFO)  # setLevel, not the attribute: it also clears the logger's cache
@@ -107,7 +108,7 @@ def test_the_sink_draws_tqdm_on_a_terminal_and_plain_lines_into_a_file(tmp_path,
         return
     lines = text.splitlines()
     assert "\r" not in text and 21 <= len(lines) <= 22, text[-2000:]  # at most 22 by design, whatever the clock
-    assert lines[-1].startswith("INFO agentrl.metrics: RL steps 400/400 (100%) reward=0.998 succ=0.50 "
+    assert lines[-1].startswith("INFO agentrl.telemetry.metrics: RL steps 400/400 (100%) reward=0.998 succ=0.50 "
                                 "tok_s=900 stale=0 | ")
     assert sum(1 for line in lines if "/400 (" in line) == len(lines)
 
@@ -137,7 +138,7 @@ def test_an_accelerator_package_leaves_deepspeed_its_own_choice(monkeypatch):
 
 
 def test_the_torch_build_is_read_without_importing_torch():
-    code = ("import sys; from agentrl.stdio import _torch_build; build = _torch_build(); cold = 'torch' not in "
+    code = ("import sys; from agentrl.utils.stdio import _torch_build; build = _torch_build(); cold = 'torch' not in "
             "sys.modules; import torch; print(cold, build == {k: getattr(torch.version, k, None) for k in "
             "('cuda', 'hip', 'xpu')}, build == _torch_build())")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -150,7 +151,7 @@ def test_the_torch_build_is_read_without_importing_torch():
 # without agentrl's set-up would, so one cold import shows both sides.
 BOTH_SIDES = """
 import os, sys
-from agentrl.stdio import route_library_output
+from agentrl.utils.stdio import route_library_output
 route_library_output()
 from deepspeed.accelerator import get_accelerator, real_accelerator
 print("pinned", os.environ.get("DS_ACCELERATOR"), get_accelerator()._name, file=sys.stderr, flush=True)
@@ -169,5 +170,5 @@ def test_deepspeed_picks_the_cpu_without_its_notice_on_a_cpu_install():
     assert proc.returncode == 0 and proc.stdout == "", proc.stderr[-3000:]
     pinned, unpinned = proc.stderr.split("pinned cpu cpu\n")
     assert NOTICE not in pinned, pinned[-2000:]
-    # The control: without the pin the same DeepSpeed gives the notice (it went to stderr: agentrl.stdio).
+    # The control: without the pin the same DeepSpeed gives the notice (it went to stderr: agentrl.utils.stdio).
     assert NOTICE in unpinned and unpinned.rstrip().endswith("unpinned cpu"), unpinned[-2000:]

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import RolloutConfig, ServerConfig
 from agentrl.env import AgentEnv
 from agentrl.rollout.agent_episode import make_server

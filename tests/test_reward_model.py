@@ -90,15 +90,15 @@ def _train(config, tokenizer, steps: int = 600, pairs_per_step: int = 32, lr: fl
 def trained(tmp_path_factory: pytest.TempPathFactory):
     """(folder of the trained reward model, held-out questions, the folder's tokenizer).
 
-    Training uses the tokenizer as `agentrl.chat.load_tokenizer` loads it back from the model folder,
+    Training uses the tokenizer as `agentrl.data.chat.load_tokenizer` loads it back from the model folder,
     which is how the scorer (and every rollout) loads it. It splits digits (`split_digits`), which
     sums need.
     """
     from transformers import Qwen2Config
 
-    from agentrl.chat import load_tokenizer
+    from agentrl.data.chat import load_tokenizer
     from agentrl.config import DefaultModelConfig
-    from agentrl.default_model import build_tokenizer
+    from agentrl.models.default import build_tokenizer
 
     out = tmp_path_factory.mktemp("reward_model")
     tiny_tokenizer = build_tokenizer(DefaultModelConfig(split_digits=True), tmp_path_factory.mktemp("rm-tokenizer"))

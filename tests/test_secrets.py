@@ -14,8 +14,8 @@ from pydantic import SecretStr
 from agentrl import serve
 from agentrl.config import ConfigError, ServerConfig, load_config
 from agentrl.config.secrets import REDACTED, RedactSecrets
-from agentrl.metrics import MetricsSink, setup_logging
-from agentrl.trackers import WandbTracker
+from agentrl.telemetry.metrics import MetricsSink, setup_logging
+from agentrl.telemetry.trackers import WandbTracker
 
 KEY = "sk-live-7f3a9c1e5b2d4086"  # long enough for the log filter to search for it
 

@@ -19,11 +19,11 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config import ServerConfig
 from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.session import Limits
-from agentrl.tool_formats import get_tool_format
+from agentrl.rollout.tools import get_tool_format
 from agentrl.types import Episode
 from rewards.servers import serve
 from rewards.servers import tools as tool_server

@@ -17,11 +17,11 @@ import threading
 import psutil
 import torch
 
-from agentrl.learner.collective_push import LocalHub
+from agentrl.weights.push import LocalHub
 
 RECEIVER = """
 import json, sys, torch
-from agentrl import collective
+from agentrl.weights import collective
 info, metas = json.loads(sys.stdin.readline())
 metas = [collective.TensorMeta(n, d, tuple(s)) for n, d, s in metas]
 group = collective.join(None, info["rank_offset"], info["world_size"], info["timeout_s"], torch.device("cpu"),
@@ -101,7 +101,7 @@ def test_the_learner_ranks_rendezvous_listens_on_master_addr_only_and_is_sealed(
     this node), with the ranks' key in their environment: the group works, every socket of theirs
     listens on loopback (torch's env:// store would listen on every address), the key is gone from
     their environment once read, and the store holds sealed keys only."""
-    from agentrl import collective
+    from agentrl.weights import collective
     from agentrl.learner.dist import free_port
 
     key = collective.new_key()

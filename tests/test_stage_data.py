@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config.stages import PRMConfig, StageDataConfig
 from agentrl.data import DataError
 from agentrl.data.examples import (LabeledSample, PairSample, Sample, build_kto, build_pairs, build_prm, build_sft,

@@ -85,7 +85,7 @@ def _encode(scorer, messages) -> list[int]:
 def trained(tmp_path_factory: pytest.TempPathFactory):
     """(base model folder, reward-model folder, the stage's summary, the held-out pairs)."""
     from agentrl.config import DefaultModelConfig
-    from agentrl.default_model import ensure_default_model
+    from agentrl.models.default import ensure_default_model
     from agentrl.stage_cli import run
 
     root = tmp_path_factory.mktemp("rm")
@@ -152,7 +152,7 @@ def test_the_scorer_sees_what_training_saw_and_ranks_successes_higher(trained, s
         trained_scores = last_token_scores(scorer.model, *scorer.pad_right([_encode(scorer, m) for m in episodes]))
     assert torch.allclose(torch.tensor(values_c + values_r), trained_scores, atol=1e-4)
     # The stage tokenised the pairs as rollouts do (the ledger) and scored them at the same token:
-    from agentrl.chat import ChatFormat, ledger_from_messages
+    from agentrl.data.chat import ChatFormat, ledger_from_messages
 
     fmt = ChatFormat(scorer.tokenizer)
     assert all(ledger_from_messages(fmt, m)[0] + fmt.encode(fmt.after_eos) == _encode(scorer, m) for m in episodes)

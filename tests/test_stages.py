@@ -64,7 +64,7 @@ def _config(stage: str, model: str, data: str, out, *extra: str) -> StageConfig:
 
 
 def test_packed_sft_batch_equals_the_unpacked_one(tiny_model, datasets, tmp_path):
-    from agentrl.chat import ChatFormat, load_tokenizer
+    from agentrl.data.chat import ChatFormat, load_tokenizer
     from agentrl.data.examples import build_sft
     from agentrl.learner.stage import run_stage
     from agentrl.learner.stages import SFTKind

@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import RolloutConfig, ServerConfig
 from agentrl.rollout.openai_server import OpenAIServer
 from agentrl.rollout.session import Limits
-from agentrl.tool_formats import TOOL_FORMATS, ToolCall, get_tool_format
+from agentrl.rollout.tools import TOOL_FORMATS, ToolCall, get_tool_format
 from agentrl.types import Episode
 from tests.fake_engine import ScriptedEngine
 from tests.test_openai_ledger import QUESTION, SYSTEM, TOOLS, client_for
@@ -63,7 +63,7 @@ def test_renderers_write_what_their_parsers_read():
         '<tool_call>{"name": "calculator", "arguments": {"expression": "437 * 89"}}</tool_call>'
     none = get_tool_format("none")
     assert none.parse(CALL) == ([], None) and none.cut(CALL) == CALL and none.start_marker is None
-    assert RolloutConfig(tool_parser="mistral").tool_parser == "mistral"
+    assert RolloutConfig(tool_format="mistral").tool_format == "mistral"
 
 
 # ---------------------------------------------------------------- through the endpoint's ledger

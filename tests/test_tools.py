@@ -22,15 +22,15 @@ from aiohttp import web
 from fake_engine import ScriptedEngine
 from pydantic import ValidationError
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import Action, Env, StepResult
-from agentrl.token_budget import truncate_to_tokens
-from agentrl.tool_client import RemoteToolClient, RemoteToolError, ToolResult, aclose_shared
+from agentrl.rollout.tools.budget import truncate_to_tokens
+from agentrl.rollout.tools.client import RemoteToolClient, RemoteToolError, ToolResult, aclose_shared
 from agentrl.rollout.episode import EpisodeSpec, run_episode
 from agentrl.rollout.pool import RolloutPool
-from agentrl.rollout.tool_counts import ToolCallStats
-from agentrl.tool_formats import TOOL_FORMATS, ToolCall, get_tool_parser, register_tool_parser
+from agentrl.rollout.tools.counts import ToolCallStats
+from agentrl.rollout.tools import TOOL_FORMATS, ToolCall, get_tool_parser, register_tool_parser
 from envs.calculator import CalculatorEnv
 from rewards.servers import serve
 from rewards.servers.tools import TOOL_SPECS, make_app
@@ -70,7 +70,7 @@ def test_hermes_malformed_and_unterminated_are_errors_not_exceptions(text, calls
 
 def test_none_parser_and_lookup_errors():
     assert get_tool_parser("none")(tool_call("a")) == ([], None)
-    assert get_tool_parser("agentrl.tool_formats:hermes") is hermes  # module:name imports the module first
+    assert get_tool_parser("agentrl.rollout.tools:hermes") is hermes  # module:name imports the module first
     with pytest.raises(ValueError, match=r"tool parser 'qwen9' is not one of \['hermes', 'mistral', 'none'"):
         get_tool_parser("qwen9")
     with pytest.raises(ValueError, match="cannot import tool parser module 'no_such_mod'"):
@@ -78,7 +78,7 @@ def test_none_parser_and_lookup_errors():
     with pytest.raises(ValueError, match="already registered"):
         register_tool_parser("hermes", render=lambda calls: "", start_marker=None)(hermes)
     with pytest.raises(ValidationError, match="tool parser 'qwen9' is not one of"):
-        RolloutConfig(tool_parser="qwen9")
+        RolloutConfig(tool_format="qwen9")
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ class RecordingEnv(Env):
 def test_rollout_uses_the_configured_parser_and_counts_per_episode(tiny_tokenizer, bracket_parser):
     script = ['CALL add({"a": 2})', "CALL add({oops)", tool_call("add", a=1)]  # the last is plain text here
     spec = EpisodeSpec(RecordingEnv, {}, ChatFormat(tiny_tokenizer),
-                       RolloutConfig(tool_parser=bracket_parser, max_tokens_per_turn=128), 1024)
+                       RolloutConfig(tool_format=bracket_parser, max_tokens_per_turn=128), 1024)
     ep = asyncio.run(run_episode({"id": "p"}, ScriptedEngine(tiny_tokenizer, script), spec))
     acts = RecordingEnv.last.actions
     assert [a.tool_calls for a in acts] == [[ToolCall("add", {"a": 2})], [], []]
@@ -370,7 +370,7 @@ def test_tool_server_down_is_env_error_not_reward_zero(tiny_tokenizer):
         port = s.getsockname()[1]
     ep, _ = play(tiny_tokenizer, [CALL, "3293"], url=f"http://127.0.0.1:{port}")
     assert ep.status == "env_error" and not ep.trainable
-    assert ep.error.startswith("agentrl.tool_client.RemoteToolError: tool discovery at")
+    assert ep.error.startswith("agentrl.rollout.tools.client.RemoteToolError: tool discovery at")
     assert "connect" in ep.error.lower()
 
 
@@ -451,7 +451,7 @@ def test_a_named_tool_server_comes_from_the_config_tree(tiny_tokenizer):
     """`tools.servers.<name>` carries the URL and client settings; CalculatorEnv(tool_server=<name>) plays
     against that server on loopback with the configured client (here: the retry budget)."""
     from agentrl.config import build_config
-    from agentrl.tool_client import named_client, register_tool_servers
+    from agentrl.rollout.tools.client import named_client, register_tool_servers
 
     tok = tiny_tokenizer
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import verifiers.v1  # noqa: F401  (scripts/install.sh installs it; missing, this file fails)
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import RolloutConfig, ServerConfig
 from agentrl.rollout.agent_episode import make_server
 from agentrl.rollout.episode import EpisodeSpec
@@ -33,11 +33,11 @@ def tasks(module: str, n: int, split: str = "train") -> list[dict]:
     return VerifiersEnv.make_tasks(n, 0, split, load=f"{FIXTURES}.{module}:load_environment")
 
 
-async def _play(tokenizer, script, task_list, max_turns: int = 4, tool_parser: str = "hermes"):
+async def _play(tokenizer, script, task_list, max_turns: int = 4, tool_format: str = "hermes"):
     fmt = ChatFormat(tokenizer)
     engine = ScriptedEngine(tokenizer, script)
     cfg = RolloutConfig(max_turns=max_turns, max_tokens_per_turn=64, episode_timeout_s=60.0, temperature=1.0,
-                        tool_parser=tool_parser)
+                        tool_format=tool_format)
     spec = EpisodeSpec(VerifiersEnv, {}, fmt, cfg, 1024)
     spec = dataclasses.replace(spec, server=make_server(spec, engine, ServerConfig()))
     await spec.server.start()

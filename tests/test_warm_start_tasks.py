@@ -12,11 +12,11 @@ from collections import Counter
 import pytest
 from fake_engine import ScriptedEngine
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import DefaultModelConfig, RolloutConfig
-from agentrl.default_model import _key, build_tokenizer, demo_source
-from agentrl.tool_client import aclose_shared
-from agentrl.metrics import print_summary
+from agentrl.models.default import _key, build_tokenizer, demo_source
+from agentrl.rollout.tools.client import aclose_shared
+from agentrl.telemetry.metrics import print_summary
 from agentrl.rollout.episode import EpisodeSpec
 from agentrl.rollout.pool import EvalResult, RolloutPool, score_episodes
 from agentrl.types import Episode
@@ -126,7 +126,7 @@ def test_warm_start_caps_torch_threads_at_the_usable_cores_and_restores_them(mon
 
     import torch
 
-    import agentrl.default_model as dm
+    import agentrl.models.default as dm
     import agentrl.learner.dist as dist
     import agentrl.learner.stage as stage
     from agentrl.config import DefaultModelConfig

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save
 
-from agentrl.rollout import handover as weight_sync  # where the hand-over folder is chosen
-from agentrl.learner.weight_sync import EngineWeightSync, handover_dir
+from agentrl.weights import handover as weight_sync  # where the hand-over folder is chosen
+from agentrl.weights.sync import EngineWeightSync, handover_dir
 
 
 class FileTarget:
-    """Loads each pushed file like WeightReceiver (by path), after an optional delay or failure."""
+    """Loads each pushed file like WorkerWeightExtension (by path), after an optional delay or failure."""
 
     def __init__(self, delay_s: float = 0.0, fail_versions: tuple[int, ...] = ()) -> None:
         self.version = 0

@@ -94,7 +94,7 @@ def serve(path: str, modules: list[str]) -> dict:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
-    from agentrl.stdio import route_library_output
+    from agentrl.utils.stdio import route_library_output
 
     route_library_output()  # as every agentrl command does before it imports DeepSpeed
     for name in modules:  # after bind: a first command waits in the backlog

@@ -1,6 +1,6 @@
 """One validated config tree (`schema`, `sources`, `algo` with its typed sub-configs) and its loader (`load`): YAML, dotted overrides,
 unknown keys named with the nearest valid one; `help` lists every key for the CLIs' `--help`. Imports nothing of the project but registry names
-from the leaf modules `agentrl.algo` and `agentrl.tool_formats` (inside validators)."""
+from the leaf modules `agentrl.algo` and `agentrl.rollout.tools` (inside validators)."""
 
 from agentrl.config.algo import (AdaptiveKL, FixedKL, GaeAdvantage, LossKL, MaskCorrection, NoCorrection, NoKL,
                                  RewardKL, ScalarAdvantage, TISCorrection)

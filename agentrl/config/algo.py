@@ -15,10 +15,11 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from agentrl.config.sources import _Strict as _Base
+from agentrl.config.base import StrictModel
 
 # Old flat key -> where it lives now (one-line "moved" errors; see agentrl.config.load).
 MOVED_KEYS = {
+    "rollout.tool_parser": "rollout.tool_format (the same names: hermes, mistral, none, or module:name)",
     "algo.gamma": "algo.advantage.gamma (with algo.advantage.type gae)",
     "algo.lam": "algo.advantage.lam (with algo.advantage.type gae)",
     "algo.value_clip": "algo.advantage.value_clip (with algo.advantage.type gae)",
@@ -56,7 +57,7 @@ def type_of(value: Any) -> Any:
     return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
 
 
-class GaeAdvantage(_Base):
+class GaeAdvantage(StrictModel):
     """PPO's GAE: per-token advantages from a learned critic (the `critic` section)."""
 
     type: Literal["gae"] = Field(description="generalised advantage estimation with a value model")
@@ -65,7 +66,7 @@ class GaeAdvantage(_Base):
     value_clip: float = Field(0.2, ge=0.0, description="critic value clipping around the old values; 0 = off")
 
 
-class ScalarAdvantage(_Base):
+class ScalarAdvantage(StrictModel):
     """An estimator of one advantage per episode, from the rewards alone (no critic, no settings)."""
 
     type: str = Field(description="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, or a name you "
@@ -94,13 +95,13 @@ Advantage = Annotated[Union[Annotated[GaeAdvantage, Tag("gae")], Annotated[Scala
                       Discriminator(lambda v: "gae" if type_of(v) == "gae" else "scalar")]
 
 
-class FixedKL(_Base):
+class FixedKL(StrictModel):
     """The KL weight stays algo.kl.coef."""
 
     type: Literal["fixed"] = Field(description="constant KL weight")
 
 
-class AdaptiveKL(_Base):
+class AdaptiveKL(StrictModel):
     """Ziegler et al.'s controller: the weight starts at algo.kl.coef and follows the measured KL to a target."""
 
     type: Literal["adaptive"] = Field(description="KL weight adapted towards target")
@@ -111,7 +112,7 @@ class AdaptiveKL(_Base):
 KLController = Annotated[Union[FixedKL, AdaptiveKL], Field(discriminator="type")]
 
 
-class _KLTerm(_Base):
+class _KLTerm(StrictModel):
     type: str  # narrowed to a Literal by each term; declared here so that it is listed first
     coef: float = Field(gt=0.0, le=100.0, description="weight of the KL(pi || reference) term (the adaptive "
                                                       "controller's starting value); a KL term builds a frozen "
@@ -125,7 +126,7 @@ class _KLTerm(_Base):
         return short_form(v)
 
 
-class NoKL(_Base):
+class NoKL(StrictModel):
     """No KL term and no reference model."""
 
     type: Literal["none"] = Field(description="no KL term")
@@ -147,13 +148,13 @@ class RewardKL(_KLTerm):
 KLTerm = Annotated[Union[NoKL, LossKL, RewardKL], Field(discriminator="type")]
 
 
-class NoCorrection(_Base):
+class NoCorrection(StrictModel):
     """The importance weight pi_prox/mu is not applied."""
 
     type: Literal["none"] = Field(description="no importance weight")
 
 
-class _Weighted(_Base):
+class _Weighted(StrictModel):
     type: str  # narrowed to a Literal by each correction; declared here so that it is listed first
     level: Literal["token", "sequence"] = Field("token", description="per token weight, or per sequence "
                                                                     "(geometric mean of its token weights)")
@@ -177,13 +178,13 @@ class MaskCorrection(_Weighted):
 Correction = Annotated[Union[NoCorrection, TISCorrection, MaskCorrection], Field(discriminator="type")]
 
 
-class NoTrustRegion(_Base):
+class NoTrustRegion(StrictModel):
     """Every token is kept, however far pi_theta has moved from mu."""
 
     type: Literal["none"] = Field(description="no trust region around mu")
 
 
-class ClipTrustRegion(_Base):
+class ClipTrustRegion(StrictModel):
     """PPO's clip anchored at mu: drop tokens whose rho = pi_theta/mu has left [1 - eps_low, 1 + eps_high]
     the way their advantage pushes (A < 0 below, A > 0 above). Its own bounds: PPO's ratio clip
     (algo.clip_low / clip_high) acts on pi_theta/pi_old, a different ratio."""
@@ -193,14 +194,14 @@ class ClipTrustRegion(_Base):
     eps_high: float = Field(0.2, ge=0.0, le=10.0, description="A > 0 tokens with rho > 1 + eps_high are dropped")
 
 
-class NegClipTrustRegion(_Base):
+class NegClipTrustRegion(StrictModel):
     """Only the A < 0 side of `clip`: pushing a token down is not self-limiting, pushing one up is."""
 
     type: Literal["neg_clip"] = Field(description="only A < 0 tokens cut below mu")
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="A < 0 tokens with rho < 1 - eps_low are dropped")
 
 
-class M2TrustRegion(_Base):
+class M2TrustRegion(StrictModel):
     """M2PO: drop the tokens with the largest (log rho)^2 until the mean over the kept ones is <= tau."""
 
     type: Literal["m2"] = Field(description="bound on the second moment of log pi_theta/mu")
@@ -211,7 +212,7 @@ TrustRegion = Annotated[Union[NoTrustRegion, ClipTrustRegion, NegClipTrustRegion
                         Field(discriminator="type")]
 
 
-class AlgoConfig(_Base):
+class AlgoConfig(StrictModel):
     """RL math: registry names and their settings (agentrl.algo); a choice's own settings live inside it."""
 
     advantage: Advantage = Field(default_factory=lambda: ScalarAdvantage(type="grpo"),

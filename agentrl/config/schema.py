@@ -3,7 +3,7 @@
 Reward sources are a typed union in `agentrl.config.sources`, the `algo` section and its typed
 sub-configs are in `agentrl.config.algo`. Registry names (advantage estimators,
 policy losses, tool parsers) are checked against the registries of `agentrl.algo` and
-`agentrl.tool_formats`, imported inside the validators: both are leaves that import nothing of the project
+`agentrl.rollout.tools`, imported inside the validators: both are leaves that import nothing of the project
 above them. Loading YAML and the nearest-key errors are in `agentrl.config.load`.
 """
 
@@ -18,7 +18,7 @@ from agentrl.config.algo import AlgoConfig
 from agentrl.config.sources import RewardsConfig
 from agentrl.config.secrets import HOW_TO_GIVE, Secret
 from agentrl.config.tools import ToolsConfig
-from agentrl.config.sources import _Strict as _Base  # one strict base (unknown keys forbidden) for the tree
+from agentrl.config.base import StrictModel
 
 ALLOW_DOWNLOAD = ("let files missing from the local Hugging Face cache be downloaded from the Hub (a hub id's "
                   "model files, datasets an env loads); false (offline, the default): a model file missing from "
@@ -26,7 +26,7 @@ ALLOW_DOWNLOAD = ("let files missing from the local Hugging Face cache be downlo
 WARM_START_TASKS = ("guess_number", "calculator", "arithmetic")  # envs.<task> has demo_tasks and demonstration
 
 
-class DefaultModelConfig(_Base):
+class DefaultModelConfig(StrictModel):
     """The embedded default model, built and warm-started locally when `model.path` is unset."""
 
     vocab_size: int = Field(384, ge=300, le=65536, description="BPE vocabulary size of the local tokenizer")
@@ -62,7 +62,7 @@ class DefaultModelConfig(_Base):
                                                     "or ~/.cache/agentrl)")
 
 
-class ModelConfig(_Base):
+class ModelConfig(StrictModel):
     """The policy: a Hugging Face folder, or the embedded default built locally."""
 
     path: str | None = Field(None, description="Hugging Face model folder, a hub id (org/name) whose files are all "
@@ -73,14 +73,14 @@ class ModelConfig(_Base):
                                         description="settings of the embedded default (used when path is unset)")
 
 
-class EnvConfig(_Base):
+class EnvConfig(StrictModel):
     """The environment: an Env subclass loaded by import path."""
 
     import_path: str = Field("envs.guess_number:GuessNumberEnv", description="'package.module:Class' of the Env")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the Env constructor")
 
 
-class DataConfig(_Base):
+class DataConfig(StrictModel):
     """Where tasks come from."""
 
     train_path: str | None = Field(None, description="jsonl of training tasks; unset = Env.make_tasks")
@@ -91,7 +91,7 @@ class DataConfig(_Base):
     seed: int = Field(0, ge=0, description="seed for task generation and shuffling")
 
 
-class EngineConfig(_Base):
+class EngineConfig(StrictModel):
     """The vLLM AsyncLLM engine."""
 
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
@@ -106,7 +106,7 @@ class EngineConfig(_Base):
                                    "reuses whole blocks only (None: 32 on CPU, a multiple of 32 there; vLLM's choice on GPU)")
 
 
-class RolloutConfig(_Base):
+class RolloutConfig(StrictModel):
     """How episodes are sampled."""
 
     n_samples: int = Field(8, ge=1, le=1024, description="episodes per task (group size for group baselines)")
@@ -122,14 +122,14 @@ class RolloutConfig(_Base):
                             "this many episodes in a row fail (env_error, timeout, engine_error, reward_error) with "
                             "none finishing; at least max_concurrency + 1 count, since one engine death fails every "
                             "episode in flight on it; 0 = never")
-    tool_parser: str = Field("hermes", description="the model's tool-call format, a name in agentrl.tool_formats."
+    tool_format: str = Field("hermes", description="the model's tool-call format, a name in agentrl.rollout.tools."
                              "TOOL_FORMATS: rollout and the OpenAI endpoint parse, render and cut tool calls with "
                              "it; 'pkg.module:name' imports pkg.module first")
 
-    @field_validator("tool_parser")
+    @field_validator("tool_format")
     @classmethod
     def _known_parser(cls, name: str) -> str:
-        from agentrl.tool_formats import get_tool_format
+        from agentrl.rollout.tools import get_tool_format
 
         try:
             get_tool_format(name)  # ValueError naming the registered parsers
@@ -138,7 +138,7 @@ class RolloutConfig(_Base):
         return name
 
 
-class BufferConfig(_Base):
+class BufferConfig(StrictModel):
     """Batch assembly and the staleness bound."""
 
     batch_size: int = Field(64, ge=1, le=1_000_000, description="episodes per learner batch (multiple of n_samples)")
@@ -146,7 +146,7 @@ class BufferConfig(_Base):
                                description="max learner version minus oldest token version; 0 = on-policy")
 
 
-class LoraConfig(_Base):
+class LoraConfig(StrictModel):
     """LoRA adapters through peft; rank 0 trains the full model."""
 
     rank: int = Field(0, ge=0, le=1024, description="adapter rank; 0 = LoRA off")
@@ -156,7 +156,7 @@ class LoraConfig(_Base):
                                       description="module names that get adapters")
 
 
-class OptimConfig(_Base):
+class OptimConfig(StrictModel):
     """What every trained DeepSpeed engine (actor, critic) has: optimizer, schedule, memory options."""
 
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage")
@@ -214,7 +214,7 @@ class CriticConfig(OptimConfig):
     lr: float = Field(1e-3, gt=0, le=1.0, description="critic learning rate")
 
 
-class WeightSyncConfig(_Base):
+class WeightSyncConfig(StrictModel):
     """Weight pushes from the learner to the engine."""
 
     every_steps: int = Field(1, ge=1, description="push weights to the engine every k optimizer steps")
@@ -229,7 +229,7 @@ class WeightSyncConfig(_Base):
                                                           "most this many MiB (bounds the receiver's extra memory)")
 
 
-class ClusterConfig(_Base):
+class ClusterConfig(StrictModel):
     """Where the engines and learner ranks run: this process (local) or Ray actors on one or many nodes.
 
     Multi-node: `ray start --head` on one node, `ray start --address=HEAD:6379` on the others, then run
@@ -266,7 +266,7 @@ class ClusterConfig(_Base):
                            "the run's own: loopback)")
 
 
-class TrainConfig(_Base):
+class TrainConfig(StrictModel):
     """The training loop and its outputs."""
 
     steps: int = Field(400, ge=0, le=10_000_000, description="learner batches to train on")
@@ -293,11 +293,11 @@ class TrainConfig(_Base):
                                                    "(messages, tokens, masks, logprobs, versions, reward, status)")
 
 
-class ServerConfig(_Base):
+class ServerConfig(StrictModel):
     """The OpenAI-compatible endpoint (agentrl.rollout.openai_server): started by runs whose env is an
     AgentEnv (each episode gets its own session URL) and by `python -m agentrl.serve`."""
 
-    model_config = ConfigDict(**_Base.model_config, hide_input_in_errors=True)  # an error never quotes the key
+    model_config = ConfigDict(**StrictModel.model_config, hide_input_in_errors=True)  # an error never quotes the key
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise (0.0.0.0 = every interface)")
     port: int = Field(0, ge=0, le=65535, description="TCP port; 0 = any free port (what training runs use)")
     api_key: Secret | None = Field(None, description=f"bearer token every request must carry; unset = no "
@@ -322,7 +322,7 @@ class ServerConfig(_Base):
                                         "request is a 504 and the generation is cancelled")
 
 
-class Config(_Base):
+class Config(StrictModel):
     """The whole run: one section per stage, in data-flow order."""
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="which model to train")

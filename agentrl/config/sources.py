@@ -12,10 +12,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-# allow_inf_nan=False: no setting means anything at NaN, and a bound such as `ge=0` lets NaN and inf through.
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+from agentrl.config.base import StrictModel
 
 
 class _Frozen(BaseModel):
@@ -59,7 +56,7 @@ class VerifierConfig(EndpointConfig):
     url: str = Field(description="Full URL the episode is POSTed to, e.g. http://host:8000/verify.")
 
 
-class RewardModelConfig(_Strict):
+class RewardModelConfig(StrictModel):
     """One reward model and how its requests are batched."""
 
     path: str = Field(description="local Hugging Face folder of a sequence classifier with num_labels=1")
@@ -79,7 +76,7 @@ class RewardModelConfig(_Strict):
     shift: float = Field(0.0, allow_inf_nan=False, description="reward = scale * score + shift")
 
 
-class PRMScorerConfig(_Strict):
+class PRMScorerConfig(StrictModel):
     """One process reward model (a causal LM trained by `python -m agentrl.prm`) and how its step scores
     become an episode's reward. The reward tokens must be the ones it was trained with (`prm.reward_tokens`)."""
 
@@ -96,7 +93,7 @@ class PRMScorerConfig(_Strict):
     device: str = Field("cpu", description="torch device of the model, e.g. 'cpu', 'cuda', 'cuda:1'")
 
 
-class _SourceBase(_Strict):
+class _SourceBase(StrictModel):
     name: str = Field(description="label in metrics (reward/<name>/...) and in episode.info['rewards']")
     weight: float = Field(1.0, ge=-1000, le=1000, description="multiplier of this source's value")
 
@@ -142,7 +139,7 @@ SOURCE_TYPES: dict[str, type[_SourceBase]] = {
     "env": EnvSource, "rule": RuleSource, "http": HttpSource, "reward_model": RewardModelSource, "prm": PRMSource}
 
 
-class RewardsConfig(_Strict):
+class RewardsConfig(StrictModel):
     """Where rewards come from and what happens when a source fails."""
 
     sources: list[RewardSourceConfig] = Field(default_factory=list,

@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from agentrl.config.schema import ALLOW_DOWNLOAD, OptimConfig
-from agentrl.config.sources import _Strict as _Base
+from agentrl.config.base import StrictModel
 
 STAGES = ("sft", "rm", "prm", "dpo", "kto")
 
@@ -25,7 +25,7 @@ STAGE_MOVED_KEYS = {
 }
 
 
-class StageModelConfig(_Base):
+class StageModelConfig(StrictModel):
     """The starting model. The embedded default's own settings (`model.default` of the RL config) are not
     stage settings: unset, a stage starts from the default model as built with its defaults, the folder
     `python -m agentrl.models prepare default` prints; other settings make a folder to pass as path."""
@@ -36,7 +36,7 @@ class StageModelConfig(_Base):
     allow_download: bool = Field(False, description=ALLOW_DOWNLOAD)
 
 
-class StageDataConfig(_Base):
+class StageDataConfig(StrictModel):
     """Datasets, their keys and how rows become tokens."""
 
     paths: list[str] = Field(default_factory=list, description="training datasets: .jsonl, .json, .parquet, or a "
@@ -95,7 +95,7 @@ class StageOptimConfig(OptimConfig):
     max_steps: int | None = Field(None, ge=0, description="stop after this many optimizer steps (default: epochs)")
 
 
-class StageTrainConfig(_Base):
+class StageTrainConfig(StrictModel):
     """Outputs, evaluation and logging."""
 
     out_dir: str = Field("runs/stage", description="the saved Hugging Face folder, metrics.jsonl, summary.json")
@@ -107,7 +107,7 @@ class StageTrainConfig(_Base):
     save_model: bool = Field(True, description="save the trained model (LoRA: the adapter) to out_dir")
 
 
-class DPOConfig(_Base):
+class DPOConfig(StrictModel):
     """Direct preference optimisation against a frozen reference (the starting model)."""
 
     beta: float = Field(0.1, gt=0, le=100.0, description="strength of the implicit KL constraint")
@@ -117,7 +117,7 @@ class DPOConfig(_Base):
     nll_coef: float = Field(0.0, ge=0.0, description="weight of the SFT loss on chosen responses (RPO)")
 
 
-class KTOConfig(_Base):
+class KTOConfig(StrictModel):
     """Kahneman-Tversky optimisation on unpaired desirable / undesirable examples."""
 
     beta: float = Field(0.1, gt=0, le=100.0, description="strength of the implicit KL constraint")
@@ -125,7 +125,7 @@ class KTOConfig(_Base):
     undesirable_weight: float = Field(1.0, gt=0, description="loss weight of undesirable examples")
 
 
-class PRMConfig(_Base):
+class PRMConfig(StrictModel):
     """Process reward model: step labels at placeholder tokens, trained on the reward tokens' logits."""
 
     placeholder_token: str = Field("ки", description="marks the end of each step in the input text")
@@ -134,7 +134,7 @@ class PRMConfig(_Base):
                                                  "softmax over them at its placeholder")
 
 
-class StageConfig(_Base):
+class StageConfig(StrictModel):
     """One supervised or preference stage."""
 
     moved_keys: ClassVar[dict[str, str]] = STAGE_MOVED_KEYS

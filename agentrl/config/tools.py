@@ -1,6 +1,6 @@
 """Tool servers in the config tree: `tools.servers` names each server an env calls, with its URL and
 how hard to try it (the HTTP discipline of `EndpointConfig`). An env takes `tool_server: <name>`
-among its `env.kwargs`, and the run's tool clients (`agentrl.tool_client.named_client`) are built
+among its `env.kwargs`, and the run's tool clients (`agentrl.rollout.tools.client.named_client`) are built
 from these settings, so a server's URL and timeouts are validated with the rest of the config
 instead of travelling inside the env's free-form arguments."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from agentrl.config.sources import EndpointConfig
-from agentrl.config.sources import _Strict as _Base
+from agentrl.config.base import StrictModel
 
 
 class ToolServerConfig(EndpointConfig):
@@ -18,7 +18,7 @@ class ToolServerConfig(EndpointConfig):
     url: str = Field(description="Base URL of the tool server; <url>/tools and <url>/call are requested.")
 
 
-class ToolsConfig(_Base):
+class ToolsConfig(StrictModel):
     """The tool servers of a run, by name."""
 
     servers: dict[str, ToolServerConfig] = Field(

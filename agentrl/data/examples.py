@@ -15,7 +15,7 @@ Row keys (all from `StageDataConfig`):
 
 from __future__ import annotations
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config.stages import StageDataConfig
 from agentrl.data.errors import DataError
 from agentrl.data.mixing import build

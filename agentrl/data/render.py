@@ -15,7 +15,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from agentrl.chat import ChatFormat, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config.stages import StageDataConfig
 from agentrl.data.errors import DataError
 from agentrl.data.rows import Row, field

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from agentrl.data.errors import DataError
-from agentrl.files import JsonlError, read_jsonl
+from agentrl.utils.files import JsonlError, read_jsonl
 
 SUPPORTED = ".jsonl, .json, .parquet, or a folder saved with datasets' save_to_disk"
 

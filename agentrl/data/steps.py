@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config.stages import PRMConfig, StageDataConfig
 from agentrl.data.errors import DataError
 from agentrl.data.mixing import build

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from agentrl.config import DataConfig
 from agentrl.data.errors import DataError
-from agentrl.files import JsonlError, read_jsonl
+from agentrl.utils.files import JsonlError, read_jsonl
 from agentrl.env import Env
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def read_texts(path: str | Path) -> list[str]:
 def lm_batches(path: str | Path, tokenizer: Any, batch_size: int, max_len: int, seed: int) -> Iterator[tuple]:
     """Endless (input_ids, attention_mask) batches of right-padded texts, reshuffled every epoch, for the
     learner's unsupervised LM loss."""
-    from agentrl.padding import pad_tokens  # torch: only runs with an LM loss import it
+    from agentrl.utils.padding import pad_tokens  # torch: only runs with an LM loss import it
 
     rows = [tokenizer(text, add_special_tokens=False)["input_ids"][:max_len] for text in read_texts(path)]
     rows = [r for r in rows if len(r) >= 2]

@@ -24,8 +24,7 @@ def init_single_process_dist() -> None:
     import deepspeed
     import deepspeed.ops
 
-    from agentrl import collective
-
+    from agentrl.weights import collective
     for key, val in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, val)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -53,9 +52,8 @@ def rank_store(rank: int, world: int) -> torch.distributed.Store:
     """The learner ranks' rendezvous at MASTER_ADDR:MASTER_PORT. Rank 0's store listens on that address
     only (torch's env:// store listens on every address); a loopback MASTER_ADDR (every rank on this
     node) keeps gloo on loopback too. With AGENTRL_RANKS_KEY (hex, set by whoever starts the ranks and
-    removed from the environment here) the store is sealed with it (agentrl.collective.SealedStore)."""
-    from agentrl import collective
-
+    removed from the environment here) the store is sealed with it (agentrl.weights.collective.SealedStore)."""
+    from agentrl.weights import collective
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = torch.distributed.default_pg_timeout
     if collective.is_loopback(host):  # every rank on this node

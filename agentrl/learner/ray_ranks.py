@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentrl import collective
+from agentrl.weights import collective
 from agentrl.config import ClusterConfig
 from agentrl.learner.rl import Learner, StepMetrics
 from agentrl.learner.step_parts import weighted
@@ -72,7 +72,7 @@ class LearnerRank:
         import numpy as np
         import ray
 
-        from agentrl.learner.weight_sync import snapshot_bytes
+        from agentrl.weights.sync import snapshot_bytes
 
         state = self.learner.state_dict_cpu(clone=False)
         if self.rank != 0:
@@ -83,7 +83,7 @@ class LearnerRank:
     def open_hub(self, timeout_s: float, bucket_bytes: int, interface: str = "") -> None:
         """Rank 0: the sending end of the collective weight path, on `interface` (`cluster.interface`),
         else on the address Ray knows this node by; on loopback when that is a loopback address."""
-        from agentrl.learner.collective_push import SenderHub
+        from agentrl.weights.push import SenderHub
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         host = node_address(interface)

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from agentrl import faults
+from agentrl.utils import faults
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, KLController, PolicyLossInputs, RunningMoments,
                           aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards, make_kl_controller,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)

@@ -160,7 +160,7 @@ def run_stage(kind: StageKind, cfg: StageConfig, model_path: str, train: list, h
     summary.json and (when `cfg.train.save_model`) the model to `cfg.train.out_dir`. Returns the summary."""
     from agentrl.learner.dist import init_single_process_dist
     from agentrl.learner.models import trained_engine
-    from agentrl.metrics import MetricsSink
+    from agentrl.telemetry.metrics import MetricsSink
 
     if not train:
         raise ValueError(f"{kind.name}: no training samples left (check data.paths, data.max_len and the dropped counts)")

@@ -19,19 +19,19 @@ from typing import Any
 
 from agentrl.rollout.episode_base import finish_episode, new_episode
 from agentrl.rollout.session import Limits
-from agentrl.tracebacks import describe
+from agentrl.utils.tracebacks import describe
 from agentrl.types import Episode
 
 
 def make_server(spec: Any, engine: Any, server_cfg: Any) -> Any:
     """The endpoint for `spec`'s agent episodes (not yet started); `engine` serves out-of-session requests."""
     from agentrl.rollout.openai_server import OpenAIServer
-    from agentrl.tool_formats import get_tool_format
+    from agentrl.rollout.tools import get_tool_format
 
     cfg = spec.cfg
     limits = Limits(spec.max_model_len, cfg.max_tokens_per_turn, cfg.max_turns, cfg.temperature, cfg.top_p,
                     cfg.turn_timeout_s)
-    return OpenAIServer(spec.fmt, server_cfg, get_tool_format(cfg.tool_parser), limits, engine)
+    return OpenAIServer(spec.fmt, server_cfg, get_tool_format(cfg.tool_format), limits, engine)
 
 
 def _take_result(ep: Episode, result: Any) -> None:

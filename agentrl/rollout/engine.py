@@ -2,13 +2,13 @@
 and in-place weight updates by either of two paths.
 
 The collective path (default): the engine is built with vLLM's RL weight-transfer interface on the
-`agentrl` backend (agentrl.rollout.weight_receiver); it joins a learner's torch.distributed group
+`agentrl` backend (agentrl.weights.receiver); it joins a learner's torch.distributed group
 once (`join_weight_group`), and each push is received there (`stage_weights`,
 `load_weights_collective`) and loaded by vLLM's layerwise in-place reload.
 
 The file path (`weight_sync.transport=file`): weights arrive as the path of a safetensors file in
-shared memory (agentrl.learner.weight_sync); only the path crosses `collective_rpc` to
-`WeightReceiver`, a worker extension that calls `model_runner.reload_weights`: tensors sent through
+shared memory (agentrl.weights.sync); only the path crosses `collective_rpc` to
+`agentrl.weights.worker.WorkerWeightExtension`, a worker extension that calls `model_runner.reload_weights`: tensors sent through
 the RPC itself are pickled to bytes on the way, which cost 16 s per push for a 538 MB model.
 
 Either way generation is paused with in-flight requests kept, and a call to a core that died raises
@@ -52,34 +52,6 @@ def _single_process_core(config, single_process: bool):
     forked = contextlib.nullcontext() if is_in_ray_actor() else forked_engine_cores()
     with OMPProcessManager(config).configure_omp_envs(rank=0, local_rank=0), forked:
         yield
-
-
-class WeightReceiver:
-    """vLLM worker extension (mixed into the worker class by vLLM via `worker_extension_cls`)."""
-
-    def agentrl_stage_weights(self, update_info: dict) -> bool:
-        """Start receiving the next collective push in the background (`weight_receiver.stage`)."""
-        return self.weight_transfer_engine.stage(update_info)
-
-    def agentrl_wait_staged(self) -> None:
-        self.weight_transfer_engine.wait_staged()
-
-    def agentrl_update_weights(self, update_info: dict) -> None:
-        """vLLM's weight-update session (the worker's start / update / finish) in one RPC: each round
-        trip to a paused engine costs tens of milliseconds of pause on a busy CPU."""
-        self.start_weight_update()
-        self.update_weights(update_info)
-        self.finish_weight_update()
-
-    def agentrl_load_weights_file(self, path: str) -> int:
-        """Reload the weights from a safetensors file the learner wrote (under /dev/shm: a memory
-        copy, not a disk read). Tensors are read one at a time as vLLM consumes them."""
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as f:
-            names = list(f.keys())
-            self.model_runner.reload_weights(weights_iterator=((n, f.get_tensor(n)) for n in names))
-        return len(names)
 
 
 @dataclass
@@ -148,9 +120,9 @@ class Engine:
             model=model_path, tokenizer=model_path, dtype=cfg.dtype, max_model_len=cfg.max_model_len,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes, max_num_seqs=cfg.max_num_seqs, seed=cfg.seed,
             enforce_eager=cfg.enforce_eager, block_size=kv_block_size(cfg.block_size, current_platform.is_cpu()),
-            worker_extension_cls="agentrl.rollout.engine.WeightReceiver",
+            worker_extension_cls="agentrl.weights.worker.WorkerWeightExtension",
             # vLLM's RL weight-transfer interface with agentrl's torch.distributed backend (the collective
-            # path, agentrl.rollout.weight_receiver); idle until a learner opens a group with it.
+            # path, agentrl.weights.receiver); idle until a learner opens a group with it.
             weight_transfer_config={"backend": "agentrl"},
             enable_prefix_caching=True, max_num_batched_tokens=cfg.max_num_batched_tokens,
             tensor_parallel_size=tensor_parallel_size,
@@ -239,7 +211,7 @@ class Engine:
             unread[state.external_req_id] = sum(len(o.token_ids) for o in getattr(pending, "outputs", None) or [])
         return {rid: n + unread[rid] if rid in unread else sys.maxsize for rid, n in self._read.items()}
 
-    async def score(self, token_ids: list[int]) -> list[float]:
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """log p(token_ids[t] | token_ids[:t]) for t >= 1 under the served weights (prompt logprobs)."""
         from vllm import SamplingParams
 

@@ -15,9 +15,9 @@ from typing import Any
 from agentrl.env import Action, Env, to_messages
 from agentrl.rollout.episode_base import EpisodeSpec  # noqa: F401 (re-exported: where users build one)
 from agentrl.rollout.episode_base import EngineFailure, GenerateFn, finish_episode, new_episode
-from agentrl.rollout.tool_counts import record_tool_turn
-from agentrl.tool_formats import get_tool_parser
-from agentrl.tracebacks import describe
+from agentrl.rollout.tools.counts import record_tool_turn
+from agentrl.rollout.tools import get_tool_parser
+from agentrl.utils.tracebacks import describe
 from agentrl.types import Episode, Turn
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ async def _play(env: Env, task: dict[str, Any], engine: GenerateFn, spec: Episod
         ep.append(gen.token_ids, generated=True, logprobs=gen.logprobs, versions=gen.versions)
         ended = bool(gen.token_ids) and gen.token_ids[-1] == fmt.eos_id
         text = fmt.tokenizer.decode(gen.token_ids[:-1] if ended else gen.token_ids)
-        calls, parse_error = get_tool_parser(cfg.tool_parser)(text)
+        calls, parse_error = get_tool_parser(cfg.tool_format)(text)
         record_tool_turn(ep.info, calls, parse_error)
         ep.messages.append({"role": "assistant", "content": text})
         ep.turns.append(Turn(start=start, n_generated=len(gen.token_ids), text=text))

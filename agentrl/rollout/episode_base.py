@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config import RolloutConfig
 from agentrl.env import Environment
 from agentrl.rollout.engine import Generation
@@ -31,7 +31,7 @@ class EngineFailure(Exception):
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """Everything that stays fixed across the episodes of one run (built by `agentrl.startup.episode_spec`)."""
+    """Everything that stays fixed across the episodes of one run (built by `agentrl.run.startup.episode_spec`)."""
 
     env_cls: type[Environment]
     env_kwargs: dict[str, Any]

@@ -26,7 +26,7 @@ import time
 from typing import Any, AsyncIterator, Callable
 
 from agentrl.config import ClusterConfig, EngineConfig
-from agentrl.rollout.collective_load import load_into
+from agentrl.weights.load import load_into
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.failing import FailOnce
 from agentrl.rollout.members import LocalMember, Member, RayMember
@@ -108,7 +108,7 @@ class EngineFleet:
     @classmethod
     def ray(cls, model_path: str, cfg: EngineConfig, eos_id: int, cluster: ClusterConfig,
             avoid_nodes: frozenset[str] = frozenset()) -> "EngineFleet":
-        """Engines as Ray actors (Ray must be connected: `agentrl.cluster.connect`). `avoid_nodes`: node
+        """Engines as Ray actors (Ray must be connected: `agentrl.run.cluster.connect`). `avoid_nodes`: node
         ids the engines must not use (the learner's, with `cluster.colocate: false`)."""
         import ray
 

@@ -3,7 +3,7 @@ and dies, in this process (`LocalMember`) or as a Ray actor (`RayMember`).
 
 A weight load comes by one of two paths: a hand-over file or object-store reference
 (`load_weights`), or the collective path (`join_weight_group` once per engine life, then
-`stage_weights` and `load_weights_collective` per push, driven by `agentrl.rollout.collective_load`).
+`stage_weights` and `load_weights_collective` per push, driven by `agentrl.weights.load`).
 """
 
 from __future__ import annotations

@@ -42,15 +42,15 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.config import ServerConfig
-from agentrl.http_common import BadRequestBody, loads_request
+from agentrl.utils.http_common import BadRequestBody, loads_request
 from agentrl.rollout import openai_protocol as proto
 from agentrl.rollout import responses_protocol as resp
 from agentrl.rollout.openai_protocol import ProtocolError
 from agentrl.rollout import serve_bounds as bounds
 from agentrl.rollout.session import ClientGone, Limits, Reply, Session
-from agentrl.tool_formats import ToolFormat
+from agentrl.rollout.tools import ToolFormat
 from agentrl.types import Episode
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def _error(exc: ProtocolError) -> web.Response:
 class OpenAIServer:
     """Start with `await server.start()`, end with `await server.stop()`. `engine`: the GenerateFn
     that serves requests made outside a session and sessions opened over HTTP (an Engine or a fleet).
-    `tool_format`: the model's tool-call format (`rollout.tool_parser`), which every session parses,
+    `tool_format`: the model's tool-call format (`rollout.tool_format`), which every session parses,
     renders and cuts tool calls with."""
 
     def __init__(self, fmt: ChatFormat, cfg: ServerConfig, tool_format: ToolFormat, limits: Limits,

@@ -17,15 +17,15 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from agentrl import faults
+from agentrl.utils import faults
 from agentrl.algo import informative_groups
-from agentrl.buffer import BufferClosed, StalenessBuffer
-from agentrl.learning_signal import WHAT_TO_DO, NoLearningSignal, filter_streak_cause
+from agentrl.run.buffer import BufferClosed, StalenessBuffer
+from agentrl.telemetry.learning_signal import WHAT_TO_DO, NoLearningSignal, filter_streak_cause
 from agentrl.rollout.episode_base import EpisodeSpec, GenerateFn
 from agentrl.rollout.failures import FailureWatch
 from agentrl.rollout.failing import FailOnce, unless_failed
 from agentrl.rollout.runner import episode_runner
-from agentrl.rollout.tool_counts import ToolCallStats
+from agentrl.rollout.tools.counts import ToolCallStats
 from agentrl.types import TRAINABLE_STATUSES, Episode, Group
 
 log = logging.getLogger(__name__)

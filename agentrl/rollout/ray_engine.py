@@ -16,7 +16,7 @@ from typing import Any
 
 from agentrl.config import ClusterConfig, EngineConfig
 from agentrl.rollout.engine import Engine, Generation
-from agentrl.rollout.handover import write_handover
+from agentrl.weights.handover import write_handover
 from agentrl.rollout.members import OnEngine
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def actor_options(cluster: ClusterConfig, index: int, avoid: frozenset[str], nod
     (the learner's nodes, `cluster.colocate: false`) pins each to one of them instead."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    # vLLM's log level reaches the actors through the job's runtime_env (agentrl.cluster.connect).
+    # vLLM's log level reaches the actors through the job's runtime_env (agentrl.run.cluster.connect).
     opts: dict[str, Any] = {"num_cpus": cluster.engine_num_cpus, "num_gpus": cluster.engine_num_gpus,
                             "scheduling_strategy": "SPREAD"}
     if cluster.engine_resources:

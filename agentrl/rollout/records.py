@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.data import DataError
-from agentrl.files import JsonlError, read_jsonl, restart_jsonl_at
+from agentrl.utils.files import JsonlError, read_jsonl, restart_jsonl_at
 from agentrl.types import Episode, Group, Segment, Turn
 
 log = logging.getLogger(__name__)

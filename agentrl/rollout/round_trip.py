@@ -1,7 +1,7 @@
 """Whether a finished episode's ledger is its conversation rendered at once (`agentrl.check`).
 
 Rollout builds the ledger piece by piece: the first prompt, then each model turn as sampled, then only
-the suffix the template adds for the env's reply (`agentrl.chat.ChatFormat`). It round-trips when it is
+the suffix the template adds for the env's reply (`agentrl.data.chat.ChatFormat`). It round-trips when it is
 the tokenizer's encoding of the chat template's rendering of the whole conversation (`Episode.messages`,
 with the tools that episode's env declared), ending with the generation prompt when the conversation ends
 on a non-assistant message; when it ends on the model's turn, the rendering may go on only with what the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from agentrl.chat import _common_prefix_len
+from agentrl.data.chat import common_prefix_len
 from agentrl.types import Episode
 
 
@@ -86,7 +86,7 @@ def round_trip(ep: Episode, fmt: Any, tools: list | None, is_agent: bool) -> Rou
     if (last.start + last.n_generated + last.env_tokens if last else ep.prompt_len) > len(ep.tokens):
         notes.append("compared up to max_model_len, where the ledger was cut")
         whole = whole[:len(canon)]
-    n = _common_prefix_len(canon, whole)
+    n = common_prefix_len(canon, whole)
     if n == len(canon):
         rest = decode(fmt, whole[n:])
         cut = last is not None and not ends_open and ep.tokens[-1] != fmt.eos_id
@@ -95,7 +95,7 @@ def round_trip(ep: Episode, fmt: Any, tools: list | None, is_agent: bool) -> Rou
         return RoundTrip(f"the template's rendering goes on after the ledger ends: {rest[:60]!r}", notes)
     held = decode(fmt, canon)
     if not text.startswith(held):
-        c = _common_prefix_len(held, text)
+        c = common_prefix_len(held, text)
         return RoundTrip(f"the template renders other text than the ledger holds at char {c} (in {_place(where[n])})"
                          f": the ledger has {held[c:c + 40]!r}, the template {text[c:c + 40]!r}", notes)
     at = f"token {n} (in {_place(where[n])}): the ledger has {decode(fmt, canon[n:n + 6])!r}, the whole " \

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import replace
 
 from agentrl.config import ServerConfig
-from agentrl.http_common import error_id, internal_error
+from agentrl.utils.http_common import error_id, internal_error
 from agentrl.rollout.openai_protocol import ProtocolError
 from agentrl.rollout.session import Limits, Session
 

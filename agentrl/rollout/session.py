@@ -26,11 +26,11 @@ from typing import Any, Awaitable, Callable
 
 from jinja2 import TemplateError
 
-from agentrl.chat import ChatFormat
+from agentrl.data.chat import ChatFormat
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.openai_protocol import ChatRequest, CompletionRequest, ProtocolError, Sampling
-from agentrl.rollout.tool_counts import record_tool_turn
-from agentrl.tool_formats import ToolCall, ToolFormat
+from agentrl.rollout.tools.counts import record_tool_turn
+from agentrl.rollout.tools import ToolCall, ToolFormat
 from agentrl.types import Episode, Turn
 
 Message = dict[str, Any]
@@ -111,7 +111,7 @@ class Session:
     def __init__(self, sid: str, fmt: ChatFormat, engine: Any, episode: Episode, limits: Limits,
                  tool_format: ToolFormat, counters: Counter) -> None:
         self.sid, self.fmt, self.engine, self.ep, self.limits = sid, fmt, engine, episode, limits
-        self.tool_format, self.counters = tool_format, counters  # the model's tool-call format (rollout.tool_parser)
+        self.tool_format, self.counters = tool_format, counters  # the model's tool-call format (rollout.tool_format)
         self.base_url = ""  # set by the server: <url>/sessions/<sid>/v1
         self.seed: int | None = None  # the episode's seed: requests without one sample with seed*1000 + turn
         self.mode: str | None = None  # "chat" | "text", once the ledger holds a prompt

@@ -92,7 +92,7 @@ def prm_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
 
 
 def demo_rows(n: int, seed: int, optimal_prob: float = 0.3) -> list[dict[str, Any]]:
-    """The warm start's demonstrations (`agentrl.default_model.demonstration_samples`), as messages."""
+    """The warm start's demonstrations (`agentrl.models.default.demonstration_samples`), as messages."""
     rng = random.Random(seed)
     return [{"messages": demonstration(task, rng, optimal_prob)} for task in demo_tasks(n, seed, "demo")]
 

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from agentrl.http_common import BadRequestBody, internal_error, loads_request
+from agentrl.utils.http_common import BadRequestBody, internal_error, loads_request
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Reference tool server: a safe calculator and a fixed lookup table over HTTP.
 
-Run it with `python -m rewards.servers.tools --port 8765` and point `agentrl.tool_client.RemoteToolClient` (or
+Run it with `python -m rewards.servers.tools --port 8765` and point `agentrl.rollout.tools.client.RemoteToolClient` (or
 `envs.calculator:CalculatorEnv`'s `tool_url`) at `http://127.0.0.1:8765`.
 
     GET  /tools    -> 200 {"tools": [<OpenAI function spec>, ...]}        (calculator, lookup)

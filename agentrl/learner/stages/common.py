@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from agentrl.algo.logprobs import token_logprobs
-from agentrl.padding import pad_right, pad_tokens
+from agentrl.utils.padding import pad_right, pad_tokens
 
 
 def sequence_logprobs(engine, rows: list[list[int]], masks: list[list[int]], pad_id: int) -> torch.Tensor:

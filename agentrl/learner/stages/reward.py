@@ -20,7 +20,7 @@ from agentrl.config.stages import StageOptimConfig
 from agentrl.data.samples import PairSample, Sample
 from agentrl.learner.stage import LossOut, chunks
 from agentrl.learner.stages.common import save_module
-from agentrl.padding import pad_tokens
+from agentrl.utils.padding import pad_tokens
 from rewards.reward_model import last_token_scores
 
 

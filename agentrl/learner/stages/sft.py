@@ -16,7 +16,7 @@ import torch
 from agentrl.config.stages import StageOptimConfig
 from agentrl.learner.stage import LossOut, chunks
 from agentrl.learner.stages.common import save_module
-from agentrl.padding import pad_right, pad_tokens
+from agentrl.utils.padding import pad_right, pad_tokens
 
 
 def pack(samples: list, max_len: int) -> list[list]:

@@ -1,0 +1,13 @@
+"""Reward model: Bradley-Terry on chosen/rejected pairs, saved as a one-output sequence classifier.
+
+    python -m agentrl.rm --config rm.yaml [dotted.key=value ...] [--input_key q --max_len 1024 ...]
+
+Options and data formats: agentrl.stage_cli and agentrl.config.stages.
+"""
+
+
+from agentrl.stage_cli import main
+from agentrl.utils.process_exit import run_and_exit
+
+if __name__ == "__main__":
+    run_and_exit(main, "rm")

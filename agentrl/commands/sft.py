@@ -1,0 +1,13 @@
+"""Supervised fine-tuning on prompt/response pairs or conversations (loss on assistant turns; --packing).
+
+    python -m agentrl.sft --config sft.yaml [dotted.key=value ...] [--input_key q --max_len 1024 ...]
+
+Options and data formats: agentrl.stage_cli and agentrl.config.stages.
+"""
+
+
+from agentrl.stage_cli import main
+from agentrl.utils.process_exit import run_and_exit
+
+if __name__ == "__main__":
+    run_and_exit(main, "sft")

@@ -1,0 +1,201 @@
+"""The embedded default model: built here, because nothing can be downloaded at run time.
+
+Steps (each cached in a folder keyed by a hash of its settings):
+1. train a byte-level BPE tokenizer with a Qwen-style chat template on the warm-start task's text
+   (`model.default.task`: guess_number, the default, or calculator, whose demonstrations hold tool calls);
+2. build a tiny Qwen2-architecture causal LM (head_dim 64, which vLLM's CPU attention supports);
+3. warm-start it with a short supervised stage on imperfect demonstrations (`agentrl.learner.stage`,
+   the loop of `python -m agentrl.sft`).
+The result is a normal Hugging Face folder that vLLM, DeepSpeed and `from_pretrained` all load.
+A user's own model path replaces all of this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import os
+import math
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from agentrl.data.chat import ChatFormat, Message, ledger_from_messages
+from agentrl.config import DefaultModelConfig
+from agentrl.config.stages import StageConfig
+from agentrl.utils.files import publish_folder
+
+log = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+TaskMaker = Callable[[int, int, str], list[dict[str, Any]]]  # (n, seed, split) -> tasks
+Demonstration = Callable[[dict[str, Any], random.Random, float], list[Message]]  # (task, rng, optimal_prob)
+
+
+def demo_source(task: str) -> tuple[TaskMaker, Demonstration]:
+    """The warm-start task's generator and teacher: `demo_tasks` and `demonstration` of `envs.<task>`
+    for a built-in name, else of the module `task` names (a user's env, e.g. `examples.agents.custom_env`)."""
+    name = task if "." in task else f"envs.{task}"
+    module = importlib.import_module(name)
+    missing = [f for f in ("demo_tasks", "demonstration") if not callable(getattr(module, f, None))]
+    if missing:
+        raise ValueError(f"model.default.task={task!r}: module {name} has no {' or '.join(missing)} "
+                         "(the warm start's task generator and teacher)")
+    return module.demo_tasks, module.demonstration
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("AGENTRL_CACHE", Path.home() / ".cache" / "agentrl"))
+
+
+# Settings added after the first models were cached: left out of the key while at their defaults,
+# so the models built before them keep their keys.
+_LATER_DEFAULTS = {"task": "guess_number", "split_digits": False}
+
+
+# The warm start's training loop is part of the key: models warm-started by an earlier loop (a plain torch
+# loop with a one-cycle schedule, before the stage loop) are not reused.
+WARM_START_LOOP = "stage-v1"
+
+
+def _key(cfg: DefaultModelConfig) -> str:
+    settings = cfg.model_dump(exclude={"cache_dir"})
+    settings = {k: v for k, v in settings.items() if _LATER_DEFAULTS.get(k, object()) != v}
+    settings["warm_start_loop"] = WARM_START_LOOP
+    blob = json.dumps(settings, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _corpus(cfg: DefaultModelConfig) -> list[str]:
+    """Text the tokenizer is trained on: rendered demonstrations plus digits and common words."""
+    make_tasks, demonstration = demo_source(cfg.task)
+    rng = random.Random(cfg.seed)
+    texts = []
+    for task in make_tasks(2000, cfg.seed, "tokenizer"):
+        msgs = demonstration(task, rng, 0.5)
+        texts.append("".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs))
+    texts += [f"What is {a} + {b}? {a + b}" for a in range(30) for b in range(30)]
+    texts += ["Reply with one number. Higher. Lower. Correct. The answer is"] * 50
+    return texts
+
+
+def build_tokenizer(cfg: DefaultModelConfig, out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if cfg.split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(cfg), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None, additional_special_tokens=SPECIAL_TOKENS[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    fast.model_max_length = cfg.max_position_embeddings
+    fast.save_pretrained(out)
+    return fast
+
+
+def build_model(cfg: DefaultModelConfig, tokenizer, out: Path):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    mcfg = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.hidden_size // 64,
+        num_key_value_heads=cfg.hidden_size // 64, head_dim=64,
+        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(mcfg)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def demonstration_samples(cfg: DefaultModelConfig, fmt: ChatFormat) -> list:
+    """`cfg.sft_demos` imperfect demonstrations of `cfg.task` as token samples, tokenised as rollouts are."""
+    from agentrl.data.samples import Sample
+
+    make_tasks, demonstration = demo_source(cfg.task)
+    rng = random.Random(cfg.seed)
+    samples = []
+    for i, task in enumerate(make_tasks(cfg.sft_demos, cfg.seed, "demo")):
+        tokens, mask = ledger_from_messages(fmt, demonstration(task, rng, cfg.demo_optimal_prob))
+        samples.append(Sample(tokens, mask, f"demonstration {i}"))
+    return samples
+
+
+def warm_start_config(cfg: DefaultModelConfig, out: Path) -> StageConfig:
+    """The SFT stage of the warm start: `sft_steps` steps of `sft_batch_size` demonstrations, 10 % linear
+    warmup to `sft_lr`, then cosine decay to 0."""
+    epochs = max(1, math.ceil(cfg.sft_steps * cfg.sft_batch_size / cfg.sft_demos))
+    return StageConfig.model_validate({
+        "optim": {"lr": cfg.sft_lr, "warmup_steps": cfg.sft_steps // 10, "scheduler": "cosine", "min_lr_ratio": 0.0,
+                  "batch_size": cfg.sft_batch_size, "micro_batch_size": cfg.sft_batch_size, "epochs": epochs,
+                  "max_steps": cfg.sft_steps},
+        "data": {"eval_fraction": 0.0},
+        "train": {"out_dir": str(out), "seed": cfg.seed},
+    })
+
+
+def warm_start(init: Path, out: Path, tokenizer, cfg: DefaultModelConfig) -> None:
+    """Supervised warm start of the model in `init` on the demonstrations, through the SFT stage
+    (`agentrl.learner.stage`, the loop `python -m agentrl.sft` runs); saved to `out`.
+
+    Torch threads are capped at the usable cores meanwhile: more OpenMP threads than cores spin
+    against each other and slowed this step 25x under contention."""
+    import torch
+
+    from agentrl.learner.dist import usable_cores
+    from agentrl.learner.stage import run_stage
+    from agentrl.learner.stages import SFTKind
+
+    samples = demonstration_samples(cfg, ChatFormat(tokenizer))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(threads, usable_cores())))
+    try:
+        run_stage(SFTKind(tokenizer.pad_token_id), warm_start_config(cfg, out), str(init), samples, [], tokenizer)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def ensure_default_model(cfg: DefaultModelConfig) -> Path:
+    """Return the folder of the warm-started default model, building it on first use."""
+    root = Path(cfg.cache_dir) if cfg.cache_dir else cache_root()
+    out = root / f"default-model-{_key(cfg)}"
+    if (out / "config.json").exists() and (out / "DONE").exists():
+        log.info("using cached default model %s", out)
+        return out
+    log.info("building the embedded default model in %s", out)
+    # Built in a folder of this process's own and renamed into place: two runs (or test workers) that
+    # start on the same empty cache build side by side, and neither reads the other's half-written files.
+    tmp = root / f".{out.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    tokenizer = build_tokenizer(cfg, tmp)
+    model = build_model(cfg, tokenizer, tmp)
+    if cfg.sft_steps == 0:  # an untrained model
+        model.save_pretrained(tmp, safe_serialization=True)
+    else:
+        init = tmp / "init"
+        model.save_pretrained(init, safe_serialization=True)
+        tokenizer.save_pretrained(init)
+        warm_start(init, tmp, tokenizer, cfg)
+        shutil.rmtree(init)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "DONE").write_text("ok\n")
+    return publish_folder(tmp, out, "DONE")
