@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from agentrl.weights import collective
+from agentrl.weights import buckets as wbuckets, collective
 from agentrl.weights.push import SenderHub
 
 TIMEOUT = datetime.timedelta(seconds=20)
@@ -77,7 +77,7 @@ def test_a_stranger_writing_keys_on_the_port_does_not_disturb_a_push():
     planted = ["0/0", "0/1", "agentrl-weights/0/0", "agentrl-weights/0/1", "init/", "rank_0"]
     for key in planted:
         stranger.set(key, b"\x00" * 300)  # a gloo address blob would be parsed from these bytes
-    metas = [collective.TensorMeta(n, d, tuple(s)) for n, d, s in
+    metas = [wbuckets.TensorMeta(n, d, tuple(s)) for n, d, s in
              zip(info["names"], info["dtype_names"], info["shapes"])]
     result: dict = {}
     receiver_store = Recording(torch.distributed.TCPStore("127.0.0.1", init["master_port"], 2, False, TIMEOUT))
@@ -85,7 +85,7 @@ def test_a_stranger_writing_keys_on_the_port_does_not_disturb_a_push():
     def receive() -> None:
         try:
             group = collective.join(receiver_store, 1, 2, 20, torch.device("cpu"), collective.Access.from_info(init))
-            buckets = collective.plan_buckets(metas, init["bucket_bytes"])
+            buckets = wbuckets.plan_buckets(metas, init["bucket_bytes"])
             result["pairs"] = dict(p for part in collective.receive(group, metas, buckets, torch.device("cpu"))
                                    for p in part)
         except Exception as exc:  # the test reads it
@@ -176,12 +176,12 @@ def test_a_group_for_peers_on_other_nodes_listens_on_the_configured_interface():
         info, _ = hub.publish(1, {"w": torch.arange(6.0)}, None)
         init = hub.open("engine0", 1)
         assert (init["local"], init["interface"]) == (False, network.interface)
-        metas = collective.metadata({"w": torch.zeros(6)})
+        metas = wbuckets.metadata({"w": torch.zeros(6)})
         got: dict = {}
 
         def receive() -> None:
             group = collective.join(None, 1, 2, 20, torch.device("cpu"), collective.Access.from_info(init))
-            got["w"] = next(collective.receive(group, metas, collective.plan_buckets(metas, 1 << 20),
+            got["w"] = next(collective.receive(group, metas, wbuckets.plan_buckets(metas, 1 << 20),
                                                torch.device("cpu")))[0][1]
 
         t = threading.Thread(target=receive)

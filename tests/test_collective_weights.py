@@ -17,12 +17,12 @@ import psutil
 import pytest
 import torch
 
-from agentrl.weights import collective
+from agentrl.weights import buckets as wbuckets, collective
 from agentrl.weights.push import LocalHub, SenderHub, pack_snapshot
 
 
 def metas_of(*specs):
-    return [collective.TensorMeta(n, d, s) for n, d, s in specs]
+    return [wbuckets.TensorMeta(n, d, s) for n, d, s in specs]
 
 
 def test_bucket_plan_packs_aligned_and_sends_a_large_tensor_alone():
@@ -30,19 +30,19 @@ def test_bucket_plan_packs_aligned_and_sends_a_large_tensor_alone():
                      ("d", "float32", (7,)))
     # a: 12 bytes at 0; b: 40 bytes at 64 (aligned) -> 104; c: 200 bytes would end at 128+200=328 > 256,
     # so a new bucket; c alone is 200 <= 256; d: 28 bytes at 256 ends at 284 > 256 -> own bucket.
-    plan = collective.plan_buckets(metas, 256)
-    assert plan == [collective.Bucket(0, 2, (0, 64), 104), collective.Bucket(2, 3, (0,), 200),
-                    collective.Bucket(3, 4, (0,), 28)]
+    plan = wbuckets.plan_buckets(metas, 256)
+    assert plan == [wbuckets.Bucket(0, 2, (0, 64), 104), wbuckets.Bucket(2, 3, (0,), 200),
+                    wbuckets.Bucket(3, 4, (0,), 28)]
     # A tensor larger than the bucket size travels alone.
-    assert collective.plan_buckets(metas_of(("x", "float32", (1000,)), ("y", "float32", (1,))), 256) == [
-        collective.Bucket(0, 1, (0,), 4000), collective.Bucket(1, 2, (0,), 4)]
+    assert wbuckets.plan_buckets(metas_of(("x", "float32", (1000,)), ("y", "float32", (1,))), 256) == [
+        wbuckets.Bucket(0, 1, (0,), 4000), wbuckets.Bucket(1, 2, (0,), 4)]
 
 
 def test_pack_then_unpack_gives_the_tensors_back():
     state = {"w": torch.randn(5, 3), "b": torch.randn(3), "h": torch.randn(4).to(torch.bfloat16)}
-    metas = collective.metadata(state)
-    (bucket,) = collective.plan_buckets(metas, 1 << 20)
-    out = dict(collective.unpack(collective.pack(list(state.values()), bucket), metas, bucket))
+    metas = wbuckets.metadata(state)
+    (bucket,) = wbuckets.plan_buckets(metas, 1 << 20)
+    out = dict(wbuckets.unpack(wbuckets.pack(list(state.values()), bucket), metas, bucket))
     for k, v in state.items():
         assert out[k].dtype == v.dtype and torch.equal(out[k], v)
 
@@ -52,7 +52,7 @@ def receive_in_thread(init: dict, metas, result: dict) -> threading.Thread:
         try:
             group = collective.join(None, 1, init["world_size"], init["timeout_s"], torch.device("cpu"),
                                     collective.Access.from_info(init))
-            buckets = collective.plan_buckets(metas, init["bucket_bytes"])
+            buckets = wbuckets.plan_buckets(metas, init["bucket_bytes"])
             result["pairs"] = [p for part in collective.receive(group, metas, buckets, torch.device("cpu"))
                                for p in part]
         except Exception as exc:  # the test reads it
@@ -72,7 +72,7 @@ def test_a_snapshot_crosses_a_gloo_group_bit_exactly_and_never_aliases_the_live_
     for v in live.values():  # the learner's next step changes its weights while the push is under way
         v.add_(1.0)
     init = hub.open("engine0", 1)
-    metas = [collective.TensorMeta(n, d, tuple(s)) for n, d, s in zip(info["names"], info["dtype_names"],
+    metas = [wbuckets.TensorMeta(n, d, tuple(s)) for n, d, s in zip(info["names"], info["dtype_names"],
                                                                       info["shapes"])]
     result: dict = {}
     t = receive_in_thread(init, metas, result)
@@ -91,8 +91,8 @@ def test_snapshot_is_cast_to_the_engine_dtype():
     state = {"w": torch.tensor([1.0, 2.5, -3.0]), "v": torch.tensor([0.1])}
     snap = pack_snapshot(state, torch.bfloat16, 1 << 20)
     assert [m.dtype for m in snap.metas] == ["bfloat16", "bfloat16"] and snap.nbytes == 8
-    (bucket,) = collective.plan_buckets(snap.metas, 1 << 20)
-    out = dict(collective.unpack(snap.buffers[0], snap.metas, bucket))
+    (bucket,) = wbuckets.plan_buckets(snap.metas, 1 << 20)
+    out = dict(wbuckets.unpack(snap.buffers[0], snap.metas, bucket))
     assert torch.equal(out["w"], state["w"].to(torch.bfloat16))
 
 
@@ -107,7 +107,7 @@ def test_waits_for_a_peer_that_never_comes_are_bounded():
     hub.publish(1, {"w": torch.ones(4)}, None)
     init = hub.open("engine1", 1)
     result: dict = {}
-    t = receive_in_thread(init, collective.metadata({"w": torch.ones(4)}), result)
+    t = receive_in_thread(init, wbuckets.metadata({"w": torch.ones(4)}), result)
     hub.join("engine1")
     t.join(60)
     assert not t.is_alive() and "error" in result

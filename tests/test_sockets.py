@@ -21,13 +21,13 @@ from agentrl.weights.push import LocalHub
 
 RECEIVER = """
 import json, sys, torch
-from agentrl.weights import collective
+from agentrl.weights import buckets as wbuckets, collective
 info, metas = json.loads(sys.stdin.readline())
-metas = [collective.TensorMeta(n, d, tuple(s)) for n, d, s in metas]
+metas = [wbuckets.TensorMeta(n, d, tuple(s)) for n, d, s in metas]
 group = collective.join(None, info["rank_offset"], info["world_size"], info["timeout_s"], torch.device("cpu"),
                         collective.Access.from_info(info))
 print("joined", flush=True)
-buckets = collective.plan_buckets(metas, info["bucket_bytes"])
+buckets = wbuckets.plan_buckets(metas, info["bucket_bytes"])
 pairs = [p for part in collective.receive(group, metas, buckets, torch.device("cpu")) for p in part]
 print(json.dumps({n: t.tolist() for n, t in pairs}), flush=True)
 """

@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save
 
 from agentrl.weights import handover as weight_sync  # where the hand-over folder is chosen
-from agentrl.weights.sync import EngineWeightSync, handover_dir
+from agentrl.weights.handover import handover_dir
+from agentrl.weights.sync import EngineWeightSync
 
 
 class FileTarget:

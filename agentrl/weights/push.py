@@ -23,13 +23,13 @@ from typing import Any, Awaitable, Callable
 
 import torch
 
-from agentrl.weights import collective
+from agentrl.weights import buckets, collective
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class PackedSnapshot:
-    metas: list[collective.TensorMeta]
+    metas: list[buckets.TensorMeta]
     buffers: list[torch.Tensor]
 
     @property
@@ -47,14 +47,14 @@ def pack_snapshot(state: dict[str, torch.Tensor], dtype: torch.dtype | None, buc
     """`state` cast to `dtype` (None keeps it) and copied into buckets: the copy never aliases the live
     parameters, so the learner may step while it is sent. A tied head is sent under both names."""
     if dtype is not None:
-        metas = [collective.TensorMeta(k, str(dtype).removeprefix("torch."), tuple(v.shape)) for k, v in state.items()]
+        metas = [buckets.TensorMeta(k, str(dtype).removeprefix("torch."), tuple(v.shape)) for k, v in state.items()]
     else:
-        metas = collective.metadata(state)
+        metas = buckets.metadata(state)
     tensors = list(state.values())
     buffers = []
-    for b in collective.plan_buckets(metas, bucket_bytes):
+    for b in buckets.plan_buckets(metas, bucket_bytes):
         part = [t.to(dtype) if dtype is not None else t for t in tensors[b.first:b.last]]
-        buf = collective.pack(part, b, device)
+        buf = buckets.pack(part, b, device)
         # A lone tensor is packed as a view of itself: copy it, the learner's next step changes it.
         buffers.append(buf.clone() if any(buf.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
                                           for t in tensors[b.first:b.last]) else buf)

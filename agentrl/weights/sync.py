@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from agentrl.utils import faults
-from agentrl.weights.handover import create_exclusive, handover_dir, handover_path  # noqa: F401 (re-exported)
+from agentrl.weights.handover import create_exclusive, handover_path
 from agentrl.weights.handover import publish as publish_file
 
 log = logging.getLogger(__name__)
