@@ -154,6 +154,36 @@ def evaluate(kind: StageKind, engine, samples: list, micro_batch_size: int) -> d
     return _reduce(loss, sum(kind.units(s) for s in mine), sums, count, "eval/")
 
 
+def _train_step(kind: StageKind, engine, batch: list, rank: int, world: int, micro_batch_size: int) -> dict[str, Any]:
+    """One optimizer step of a stage on `batch` (this rank's share of it); the step's record."""
+    units = sum(kind.units(s) for s in batch)
+    mine = batch[rank::world]
+    # The step's gradient is d(sum of unit losses) / units however the samples are split: DeepSpeed
+    # averages over ranks, so the rank count is multiplied back (the RL learner does the same).
+    scale = world / max(units, 1e-12)
+    micros = [(m, scale) for m in kind.micro_batches(mine, micro_batch_size)]
+    # Every rank runs the same number of passes (ZeRO-3 gathers weights in each forward, a
+    # collective): a rank with fewer micro-batches (packing, a short last batch) repeats one at weight 0.
+    passes = int(_all_reduce([float(len(micros))], "max")[0])
+    micros += [(kind.micro_batches(batch[:1], 1)[0], 0.0)] * (passes - len(micros))
+    loss, sums, count = 0.0, {}, 0
+    lr = engine.get_lr()[0]  # the rate this step applies (the schedule advances in step())
+
+    def micro_loss(i: int) -> torch.Tensor:
+        nonlocal loss, count
+        micro, weight = micros[i]
+        out = kind.loss(engine, micro)
+        if weight:
+            loss, count = loss + float(out.loss_sum.detach()), count + out.count
+            for key, value in out.sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+        return out.loss_sum * weight
+
+    accumulate(engine, len(micros), micro_loss)
+    return {"lr": lr, "samples": len(batch), "units": units,
+            **{f"train/{k}": v for k, v in _reduce(loss, units, sums, count, "").items()}}
+
+
 def run_stage(kind: StageKind, cfg: StageConfig, model_path: str, train: list, held_out: list, tokenizer,
               data_stats: dict[str, Any] | None = None, show: bool = True) -> dict[str, Any]:
     """Train `kind` from `model_path` on `train`, evaluating on `held_out`; writes metrics.jsonl,
@@ -185,33 +215,8 @@ def run_stage(kind: StageKind, cfg: StageConfig, model_path: str, train: list, h
     record: dict[str, Any] = {}
     for step, indices in enumerate(step_batches(len(train), optim, cfg.train.seed)):
         t0 = time.perf_counter()
-        batch = [train[i] for i in indices]
-        units = sum(kind.units(s) for s in batch)
-        mine = batch[rank::world]
-        # The step's gradient is d(sum of unit losses) / units however the samples are split: DeepSpeed
-        # averages over ranks, so the rank count is multiplied back (the RL learner does the same).
-        scale = world / max(units, 1e-12)
-        micros = [(m, scale) for m in kind.micro_batches(mine, optim.micro_batch_size)]
-        # Every rank runs the same number of passes (ZeRO-3 gathers weights in each forward, a
-        # collective): a rank with fewer micro-batches (packing, a short last batch) repeats one at weight 0.
-        passes = int(_all_reduce([float(len(micros))], "max")[0])
-        micros += [(kind.micro_batches(batch[:1], 1)[0], 0.0)] * (passes - len(micros))
-        loss, sums, count = 0.0, {}, 0
-        lr = engine.get_lr()[0]  # the rate this step applies (the schedule advances in step())
-
-        def micro_loss(i: int) -> torch.Tensor:
-            nonlocal loss, count
-            micro, weight = micros[i]
-            out = kind.loss(engine, micro)
-            if weight:
-                loss, count = loss + float(out.loss_sum.detach()), count + out.count
-                for key, value in out.sums.items():
-                    sums[key] = sums.get(key, 0.0) + value
-            return out.loss_sum * weight
-
-        accumulate(engine, len(micros), micro_loss)
-        record = {"step": step, "lr": lr, "samples": len(batch), "units": units,
-                  **{f"train/{k}": v for k, v in _reduce(loss, units, sums, count, "").items()},
+        record = {"step": step, **_train_step(kind, engine, [train[i] for i in indices], rank, world,
+                                              optim.micro_batch_size),
                   "step_s": time.perf_counter() - t0, "elapsed_s": time.perf_counter() - started}
         if cfg.train.eval_every and held_out and (step + 1) % cfg.train.eval_every == 0 and step + 1 < steps:
             record.update(evaluate(kind, engine, held_out, optim.micro_batch_size))
