@@ -5,6 +5,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 FLAVOUR="${AGENTRL_VLLM:-cpu}"
+# The code sandbox (rewards.servers.sandbox) isolates model code with bubblewrap; without it, unshare.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && { apt-get install -y -qq bubblewrap \
+      || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1; then :
+  else echo "install.sh: bubblewrap (bwrap) not installed; the code sandbox will use unshare"; fi
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=".venv/bin/python -m pip"
 if [ "$FLAVOUR" = "cpu" ]; then

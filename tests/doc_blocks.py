@@ -207,7 +207,7 @@ def quote(tok: str) -> str:
 
 
 def tiny_prepare(text: str) -> str:
-    """`agentrl.models.named prepare default` (without --sft-steps) gets the tiny warm-start settings."""
+    """`agentrl.models prepare default` (without --sft-steps) gets the tiny warm-start settings."""
     def repl(m: re.Match) -> str:
         args = m[2] or ""
         if "--sft-steps" in args:
@@ -302,7 +302,7 @@ def adapt(cmd: Command, python: str) -> Plan:
     if module == "agentrl.lora_merge":
         out = _flag_value(args, "--out")
         return Plan("merge", " ".join(quote(t) for t in head + args), out_dir=out)
-    if module == "agentrl.models.named" and args[:1] == ["prepare"]:
+    if module == "agentrl.models" and args[:1] == ["prepare"]:
         return Plan("prepare", " ".join(quote(t) for t in head + args))
     if module in SERVERS and _flag_value(args, "--port"):
         return Plan("server", " ".join(quote(t) for t in head + args), port=int(_flag_value(args, "--port")),

@@ -4,7 +4,7 @@ Each command is its own test, named `file:line`; collection and adaptation are i
 
 Cold cache. The whole module shares one fresh, empty AGENTRL_CACHE: the first command that needs the
 embedded default model builds it (the cold-cache path: its stdout must stay clean), later ones reuse it.
-The warm start is cut to 2 steps (doc_blocks.TINY_DEFAULT); `agentrl.models.named prepare default` gets the
+The warm start is cut to 2 steps (doc_blocks.TINY_DEFAULT); `agentrl.models prepare default` gets the
 same settings, so it prints the folder the train runs use.
 
 The suite runs after `./scripts/install.sh` (that is how `.ci/run` / `scripts/test.sh` call it), so a
@@ -33,7 +33,7 @@ rewards.servers.tools, rewards.servers.verifier) with a `--port` flag is a serve
   200 (`/v1/models` for agentrl.serve, `/health` for the tool and verifier servers), then stopped.
 
 Success: exit 0; a train run's `summary.json` and a `metrics.jsonl` of 2 lines; a stage run's
-`summary.json` with 2 steps; `agentrl.models.named prepare` prints one line, an existing folder, and nothing
+`summary.json` with 2 steps; `agentrl.models prepare` prints one line, an existing folder, and nothing
 else on stdout; the pipeline's PPO stage trained 2 steps on the reward sources its REWARD names and it printed its
 summary, and a run.sh after another in the same block (`REWARD=rm bash ...`) reused the data, SFT and RM stages
 and left the first run's PPO in place.
@@ -94,10 +94,10 @@ TIMEOUT_S = 900
 # start theirs: forked from tests/warm_python.py's interpreter, which has imported torch, DeepSpeed and
 # vLLM (with the argv bash would run, the block's environment, folder and streams). Nothing checks their
 # stdout. So do run.sh's stages (its $PYTHON: warm_python.script_python). The commands whose stdout is
-# the test (`agentrl.models.named prepare`, `W=$(...)`, run.sh's `BASE=$(...)`) and servers keep a fresh
+# the test (`agentrl.models prepare`, `W=$(...)`, run.sh's `BASE=$(...)`) and servers keep a fresh
 # interpreter each, under bash: a library that prints on import shows there.
 FORKED_KINDS = ("train", "stage")
-COLD_MODULES = ("agentrl.models.named",)
+COLD_MODULES = ("agentrl.models",)
 
 
 @dataclass
@@ -130,7 +130,7 @@ class DocRun:
         """The embedded default model at the tiny warm start (built by the first command that needed it)."""
         if self._model is None:
             settings = [f"{k}={v}" for k, v in doc_blocks.TINY_DEFAULT.items()]
-            proc = subprocess.run([sys.executable, "-m", "agentrl.models.named", "prepare", "default", *settings],
+            proc = subprocess.run([sys.executable, "-m", "agentrl.models", "prepare", "default", *settings],
                                   cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=TIMEOUT_S)
             assert proc.returncode == 0, proc.stderr[-4000:]
             self._model = Path(proc.stdout.strip())

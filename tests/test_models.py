@@ -69,7 +69,7 @@ def test_a_missing_wheel_says_how_to_install_it(monkeypatch, tmp_path):
 
 
 def test_cli_lists_and_rejects_unknown_names(smollm2_dir):
-    listed = subprocess.run([sys.executable, "-m", "agentrl.models.named", "list"], capture_output=True, text=True)
+    listed = subprocess.run([sys.executable, "-m", "agentrl.models", "list"], capture_output=True, text=True)
     assert listed.returncode == 0 and "smollm2-135m-instruct: HuggingFaceTB/SmolLM2-135M-Instruct" in listed.stdout
-    bad = subprocess.run([sys.executable, "-m", "agentrl.models.named", "prepare", "smollm3"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "agentrl.models", "prepare", "smollm3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice: 'smollm3'" in bad.stderr

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_prepare_default_prints_only_the_folder_on_a_cold_cache(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENTRL_CACHE": str(tmp_path / "cache")}
     env.pop("VLLM_LOGGING_STREAM", None)
-    proc = subprocess.run([sys.executable, "-m", "agentrl.models.named", "prepare", "default", "--sft-steps", "0"],
+    proc = subprocess.run([sys.executable, "-m", "agentrl.models", "prepare", "default", "--sft-steps", "0"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = Path(proc.stdout.strip())
@@ -29,7 +29,7 @@ def test_prepare_default_prints_only_the_folder_on_a_cold_cache(tmp_path):
 
 def test_a_bad_default_setting_is_one_line_with_the_nearest_key(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENTRL_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run([sys.executable, "-m", "agentrl.models.named", "prepare", "default", "sft_stepz=0"],
+    proc = subprocess.run([sys.executable, "-m", "agentrl.models", "prepare", "default", "sft_stepz=0"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.strip().splitlines()[-1] == ("config error: unknown config key 'model.default.sft_stepz'; "

@@ -1,0 +1,255 @@
+"""Reference code sandbox server: runs the model's Python (or /bin/sh) code, isolated, over HTTP.
+
+Run it with `python -m rewards.servers.sandbox --port 8766` (loopback by default) and point a tool env's
+`tool_url` (agentrl.rollout.tools.client.RemoteToolClient) at `http://127.0.0.1:8766`.
+
+    GET  /tools     -> 200 {"tools": [<OpenAI function spec>]}  (`python`, argument {"code": str}; `shell` too
+                       with --tools python,shell)
+    POST /call      {"name": "python", "arguments": {"code": str}}   ("shell": {"command": str})
+                    -> 200 {"content": "<stdout+stderr, truncated>", "is_error": bool}; a timeout, a kill
+                       or a nonzero exit is is_error true with a line such as "[timeout after 5.0 s]"
+                    -> 404 unknown tool; 400 body not {"name", "arguments"}
+    POST /run_code  Sandbox Fusion's API (the `sandbox-fusion` client's RunCodeRequest -> RunCodeResponse),
+                    languages "python" and "bash"; fetch_files is refused by name
+    GET  /health    -> 200 {"status": "ok", "isolation": "bwrap" | "unshare" | "none"}
+    GET  /stats     -> 200 {"calls", "failed", "timeouts", "in_flight", "max_in_flight"}
+
+Every call runs in a fresh sandbox (sandbox_isolation.py: bubblewrap, else unshare, else a start-up
+error naming why; `--isolation none` only when asked for) with the limits of sandbox_run.SandboxLimits;
+`--warm N` sandboxes are kept started ahead of their calls (sandbox_pool.py), each used for one call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import logging
+import os
+import sys
+from collections import Counter
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rewards.servers import errors, read_json, run_server
+from rewards.servers.sandbox_isolation import Isolation, IsolationName, SandboxUnavailable, choose
+from rewards.servers.sandbox_pool import WarmPool
+from rewards.servers.sandbox_run import RunResult, SandboxLimits, run_sandboxed
+
+log = logging.getLogger(__name__)
+
+TOOL_SPECS: dict[str, dict[str, Any]] = {
+    "python": {"type": "function", "function": {
+        "name": "python",
+        "description": "Run Python 3 code in a fresh sandbox and get back its printed output (stdout and "
+                       "stderr). Nothing persists between calls; there is no network. Print what you need.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]}}},
+    "shell": {"type": "function", "function": {
+        "name": "shell",
+        "description": "Run a /bin/sh command in a fresh sandbox and get back its output. No network.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                       "required": ["command"]}}},
+}
+TOOL_ARGUMENT = {"python": "code", "shell": "command"}
+
+
+class SandboxServerConfig(BaseModel):
+    """The server's options (each is also a command-line flag)."""
+
+    model_config = ConfigDict(extra="forbid")
+    isolation: IsolationName = Field("auto", description="auto = bwrap, else unshare; none = NO isolation")
+    python: str = Field("/usr/bin/python3", description="the system python the sandbox runs (not a venv's)")
+    sandbox_uid: int = Field(65534, ge=1, description="uid sandboxes run as when the server runs as root")
+    max_concurrency: int = Field(default_factory=lambda: 4 * (os.cpu_count() or 1), ge=1, le=1024,
+                                 description="sandboxes running at once; more calls wait their turn")
+    warm: int = Field(4, ge=0, le=256, description="sandboxes kept started ahead of their calls (0: start "
+                                                   "each call's sandbox when it comes)")
+    tools: tuple[Literal["python", "shell"], ...] = Field(("python",), min_length=1,
+                                                          description="tools GET /tools lists")
+    limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+
+class RunCodeRequest(BaseModel):
+    """Sandbox Fusion's run_code request, as its client package sends it (sandbox_fusion.models)."""
+
+    model_config = ConfigDict(extra="ignore")
+    code: str
+    language: str
+    run_timeout: float = Field(10.0, gt=0)
+    compile_timeout: float = 10.0
+    stdin: str | None = None
+    files: dict[str, str | None] = {}
+    fetch_files: list[str] = []
+
+
+ISOLATION = web.AppKey("isolation", Isolation)
+CONFIG = web.AppKey("config", SandboxServerConfig)
+SLOTS = web.AppKey("slots", asyncio.Semaphore)
+STATS = web.AppKey("stats", Counter)
+POOL = web.AppKey("pool", WarmPool)
+
+
+async def _run(app: web.Application, mode: Literal["python", "shell"], code: str, merge_stderr: bool = True,
+               **kwargs: Any) -> RunResult:
+    stats = app[STATS]
+    async with app[SLOTS]:
+        stats["in_flight"] += 1
+        stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
+        try:
+            result = await run_sandboxed(app[ISOLATION], mode, code, app[CONFIG].limits, merge_stderr=merge_stderr,
+                                         started=app[POOL].take(merge_stderr), **kwargs)
+        finally:
+            stats["in_flight"] -= 1
+    stats["calls"] += 1
+    stats["failed"] += not result.ok
+    stats["timeouts"] += result.timed_out
+    return result
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    return web.json_response({"tools": [TOOL_SPECS[name] for name in request.app[CONFIG].tools]})
+
+
+async def call(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str) or \
+            not isinstance(body.get("arguments", {}), dict):
+        return web.json_response({"error": 'body must be {"name": str, "arguments": object}'}, status=400)
+    name = body["name"]
+    if name not in TOOL_ARGUMENT:
+        shown = name if len(name) <= 80 else name[:80] + "..."
+        return web.json_response({"error": f"unknown tool {shown!r}; tools: {sorted(TOOL_ARGUMENT)}"}, status=404)
+    key = TOOL_ARGUMENT[name]
+    code = body.get("arguments", {}).get(key)
+    if not isinstance(code, str):
+        return web.json_response({"content": f"error: argument {key!r} must be a string", "is_error": True})
+    limits = request.app[CONFIG].limits
+    result = await _run(request.app, name, code)  # type: ignore[arg-type]
+    content = result.stdout.decode(errors="replace")
+    failure = result.describe_failure(limits, limits.wall_s)
+    if failure:
+        content += ("" if not content or content.endswith("\n") else "\n") + f"[{failure}]"
+    return web.json_response({"content": content, "is_error": not result.ok})
+
+
+def _command_result(result: RunResult, wall_s: float, limits: SandboxLimits) -> dict[str, Any]:
+    status = "TimeLimitExceeded" if result.timed_out else "Error" if result.output_overflow else "Finished"
+    stderr = result.stderr.decode(errors="replace")
+    if result.output_overflow:
+        stderr += f"\n[{result.describe_failure(limits, wall_s)}]"
+    return {"status": status, "execution_time": round(result.seconds, 4), "cpu_time": None,
+            "return_code": -9 if result.output_overflow else result.exit_code,
+            "stdout": result.stdout.decode(errors="replace"), "stderr": stderr}
+
+
+async def run_code(request: web.Request) -> web.Response:
+    try:
+        req = RunCodeRequest.model_validate(await read_json(request))
+    except ValidationError as exc:
+        return web.json_response({"error": f"not a run_code request: {exc.errors()[0]['msg']} at "
+                                           f"{'.'.join(map(str, exc.errors()[0]['loc']))}"}, status=400)
+    mode = {"python": "python", "python3": "python", "bash": "shell"}.get(req.language)
+    why_not = (f"language {req.language!r} is not supported by agentrl's sandbox; it runs python and bash"
+               if mode is None else "fetch_files is not supported: the sandbox's tmpfs ends with the call"
+               if req.fetch_files else "")
+    if why_not:
+        return web.json_response({"status": "SandboxError", "message": why_not, "compile_result": None,
+                                  "run_result": None, "executor_pod_name": None, "files": {}})
+    try:
+        files = {name: base64.b64decode(data or "", validate=True) for name, data in req.files.items()}
+    except binascii.Error:
+        return web.json_response({"error": "files: each value must be base64 (or null for an empty file)"},
+                                 status=400)
+    limits = request.app[CONFIG].limits
+    wall_s = min(req.run_timeout, limits.wall_s)
+    result = await _run(request.app, mode, req.code, wall_s=wall_s,  # type: ignore[arg-type]
+                        stdin=(req.stdin or "").encode(), merge_stderr=False, files=files)
+    return web.json_response({"status": "Success" if result.ok else "Failed",
+                              "message": result.describe_failure(limits, wall_s), "compile_result": None,
+                              "run_result": _command_result(result, wall_s, limits), "executor_pod_name": None,
+                              "files": {}})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "isolation": request.app[ISOLATION].name})
+
+
+async def stats(request: web.Request) -> web.Response:
+    keys = ("calls", "failed", "timeouts", "in_flight", "max_in_flight")
+    return web.json_response({k: request.app[STATS][k] for k in keys})
+
+
+def make_app(config: SandboxServerConfig) -> web.Application:
+    """The server's app; SandboxUnavailable (raised here, at start-up) when no isolation asked for works."""
+    isolation = choose(config.isolation, config.python, config.sandbox_uid)
+    if isolation.name == "none":
+        log.warning("sandbox isolation is OFF (--isolation none): model code runs as this server's user with "
+                    "its files and network")
+    app = web.Application(middlewares=[errors], client_max_size=16 << 20)
+    app[ISOLATION], app[CONFIG] = isolation, config
+    app[SLOTS], app[STATS] = asyncio.Semaphore(config.max_concurrency), Counter()
+    app[POOL] = WarmPool(isolation, config.limits, config.warm)
+
+    async def start_pool(app: web.Application) -> None:
+        app[POOL].fill()
+
+    async def stop_pool(app: web.Application) -> None:
+        await app[POOL].close()
+
+    app.on_startup.append(start_pool)
+    app.on_cleanup.append(stop_pool)
+    app.router.add_get("/tools", list_tools)
+    app.router.add_post("/call", call)
+    app.router.add_post("/run_code", run_code)
+    app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
+    return app
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults, limits = SandboxServerConfig(), SandboxLimits()
+    parser.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare", "none"],
+                        help="auto: bubblewrap, else unshare; none runs model code WITHOUT isolation")
+    parser.add_argument("--python", default=defaults.python, help="the system python the sandbox runs")
+    parser.add_argument("--tools", default="python", help="tools GET /tools lists: python or python,shell")
+    parser.add_argument("--max-concurrency", type=int, default=defaults.max_concurrency)
+    parser.add_argument("--warm", type=int, default=defaults.warm, help="sandboxes started ahead of their calls")
+    parser.add_argument("--sandbox-uid", type=int, default=defaults.sandbox_uid,
+                        help="uid sandboxes run as when the server runs as root")
+    for name, info in SandboxLimits.model_fields.items():
+        flag = "--timeout" if name == "wall_s" else "--" + name.replace("_", "-")
+        parser.add_argument(flag, dest=name, type=type(getattr(limits, name)), default=getattr(limits, name),
+                            help=info.description)
+
+
+def _config(args: argparse.Namespace) -> SandboxServerConfig:
+    limits = {name: getattr(args, name) for name in SandboxLimits.model_fields}
+    return SandboxServerConfig(isolation=args.isolation, python=args.python, tools=tuple(args.tools.split(",")),
+                               max_concurrency=args.max_concurrency, sandbox_uid=args.sandbox_uid, warm=args.warm,
+                               limits=limits)
+
+
+def _make_app_or_exit(args: argparse.Namespace) -> web.Application:
+    try:
+        config = _config(args)
+        if config.isolation == "none":
+            print("WARNING: --isolation none: the sandbox server runs model code WITHOUT isolation, with this "
+                  "user's files, environment and network. Use it only on a throwaway machine.",
+                  file=sys.stderr, flush=True)
+        return make_app(config)
+    except ValidationError as exc:
+        raise SystemExit(f"sandbox server: bad option: {exc}") from None
+    except SandboxUnavailable as exc:
+        raise SystemExit(f"sandbox server cannot start: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_server(argv, __doc__.splitlines()[0], 8766, "sandbox server", _make_app_or_exit, _add_arguments)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""How a sandbox is started: the command line for each isolation (bubblewrap, unshare, none), the
+process credentials it starts with, and the start-up probe that picks one or says why none works.
+
+Every isolation runs the same in-sandbox code (sandbox_boot.py, after sandbox_unshare.py for
+`unshare`) on the system python, from a clean environment. bwrap and unshare give each call fresh
+user, pid, mount, network, ipc and uts namespaces: no network (not even the host's loopback), a root
+holding only read-only binds of /usr, /bin, /lib* and the interpreter's prefix, a fresh /proc that
+shows only the sandbox's own processes, and a size-bounded tmpfs at /tmp as the one writable place.
+A server running as root starts sandboxes as an unprivileged uid (nobody): root's processes are
+exempt from RLIMIT_NPROC, and bwrap started by root would keep root's uid inside. setpriv (util-linux)
+does that drop, and sets a parent-death SIGKILL so a sandbox never outlives a killed server.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+IsolationName = Literal["auto", "bwrap", "unshare", "none"]
+HERE = Path(__file__).resolve().parent
+BOOT_SOURCE = (HERE / "sandbox_boot.py").read_text()
+UNSHARE_SOURCE = (HERE / "sandbox_unshare.py").read_text()
+SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+SANDBOX_CWD = "/tmp"
+
+
+class SandboxUnavailable(RuntimeError):
+    """No isolation asked for can start here; the message names each failure and the fix."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a sandbox's root holds: read-only binds (folders), symlinks (link -> target) and /tmp's size."""
+
+    binds: tuple[str, ...]
+    symlinks: dict[str, str] = field(default_factory=dict)
+
+
+def system_layout(python: str) -> Layout:
+    """The system folders as they are on this host (merged /usr: /bin is a symlink to usr/bin) plus the
+    interpreter's prefix when it lies outside them."""
+    binds, links = [], {}
+    for folder in SYSTEM_FOLDERS:
+        if os.path.islink(folder):
+            links[folder] = os.readlink(folder)
+        elif os.path.isdir(folder):
+            binds.append(folder)
+    prefix = str(Path(os.path.realpath(python)).parent.parent)
+    if not any(prefix == b or prefix.startswith(b + "/") for b in binds):
+        binds.append(prefix)
+    return Layout(tuple(binds), links)
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """One way of starting a sandbox: `command(tmp_bytes)` is the argv (ending with the sandbox's python
+    running the in-sandbox code), behind a drop to `uid` when the server runs as root."""
+
+    name: Literal["bwrap", "unshare", "none"]
+    python: str
+    layout: Layout
+    tool: str = ""  # the bwrap or unshare executable
+    uid: int | None = None  # run sandboxes as this uid (when the server is root)
+    setpriv: str = ""  # util-linux's setpriv: drops root to `uid`, and ties the sandbox's life to the server's
+
+    def command(self, tmp_bytes: int) -> list[str]:
+        drop = [self.setpriv, "--pdeathsig", "KILL"] if self.setpriv else []  # a killed server leaves no sandbox
+        if self.uid:
+            drop += [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
+        boot = [self.python, "-I", "-u", "-c", BOOT_SOURCE]  # -u: what was printed before a kill is seen
+        if self.name == "bwrap":
+            return [*drop, self.tool, *self._bwrap_args(tmp_bytes), *boot]
+        if self.name == "unshare":
+            layout = [*self.layout.binds, *(f"{link}={target}" for link, target in self.layout.symlinks.items())]
+            return [*drop, self.tool, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--net", "--ipc",
+                    "--uts", "--cgroup", "--kill-child", "--", self.python, "-I", "-u", "-c",
+                    UNSHARE_SOURCE + "\n" + BOOT_SOURCE, str(tmp_bytes), *layout]
+        return [*drop, *boot]
+
+    def _bwrap_args(self, tmp_bytes: int) -> list[str]:
+        args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--clearenv"]
+        for key, value in CLEAN_ENV.items():
+            args += ["--setenv", key, value]
+        for folder in self.layout.binds:
+            args += ["--ro-bind", folder, folder]
+        for link, target in self.layout.symlinks.items():
+            args += ["--symlink", target, link]
+        args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+                 "--size", str(tmp_bytes), "--tmpfs", SANDBOX_CWD, "--chdir", SANDBOX_CWD,
+                 "--remount-ro", "/"]  # bwrap's own root is a tmpfs the sandbox could write to
+        return args
+
+
+def _probe(isolation: Isolation) -> str:
+    """'' when a trivial call runs and is isolated as promised; else why not."""
+    header = marshal.dumps({"mode": "python", "cwd": SANDBOX_CWD if isolation.name != "none" else "/", "files": {},
+                            "code": "import os; print(os.getpid(), sum(p.isdigit() for p in os.listdir('/proc')) < 4, "
+                                    "os.path.exists('/home') or os.path.exists('/root'))",
+                            "limits": {"cpu_s": 5, "memory_bytes": 1 << 30, "processes": 64, "file_bytes": 1 << 20,
+                                       "open_files": 64}})
+    try:
+        done = subprocess.run(isolation.command(1 << 20), input=b"%d\n" % len(header) + header,
+                              capture_output=True, env=CLEAN_ENV, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{isolation.tool or isolation.python}: {exc}"
+    out = done.stdout.decode(errors="replace").split()
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        return f"exit status {done.returncode}: {' / '.join(tail) or '(no output)'}"
+    if isolation.name != "none" and out[1:] != ["True", "False"]:
+        return f"started, but did not isolate (saw {' '.join(out)!r})"
+    return ""
+
+
+def choose(name: IsolationName, python: str, uid: int | None) -> Isolation:
+    """The isolation `name` asks for (auto: bwrap, else unshare), checked by running a probe call;
+    SandboxUnavailable naming every failure and its fix when none works."""
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise SandboxUnavailable(f"the sandbox's python {python} is not an executable file; pass --python with "
+                                 "the system python3 (e.g. /usr/bin/python3)")
+    layout = system_layout(python)
+    setpriv = shutil.which("setpriv") or ""
+    if os.geteuid() != 0:
+        uid = None
+    elif not setpriv:
+        raise SandboxUnavailable("the server runs as root and `setpriv` (util-linux) is not on PATH to start "
+                                 "sandboxes as an unprivileged uid; install util-linux or run the server as a user")
+    if name == "none":
+        return Isolation("none", python, layout, uid=uid, setpriv=setpriv)
+    failures = []
+    for candidate in (("bwrap", "unshare") if name == "auto" else (name,)):
+        tool = shutil.which(candidate)
+        if tool is None:
+            failures.append(f"{candidate}: not found on PATH")
+            continue
+        isolation = Isolation(candidate, python, layout, tool, uid, setpriv)
+        why = _probe(isolation)
+        if not why:
+            if failures:  # the fallback is by design, but never silent
+                log.warning("sandbox isolation: using %s; %s", candidate, "; ".join(failures))
+            return isolation
+        failures.append(f"{candidate} ({tool}): {why}")
+    raise SandboxUnavailable(
+        "no sandbox isolation works here:\n  " + "\n  ".join(failures) + "\nFix: install bubblewrap "
+        "(`apt-get install bubblewrap`, or your distribution's package), or allow unprivileged user "
+        "namespaces (sysctl user.max_user_namespaces=15000; kernel.unprivileged_userns_clone=1 on Debian "
+        "kernels before 5.10). `--isolation none` runs model code WITHOUT isolation: only on a throwaway machine.")
