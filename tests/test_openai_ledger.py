@@ -245,6 +245,40 @@ def test_errors_are_in_openais_shape(tiny_tokenizer):
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "session_not_found"
 
 
+def test_forced_tools_and_structured_output_are_refused_the_same_way_on_both_apis(tiny_tokenizer):
+    """LangChain's with_structured_output forces a tool (tool_choice "required" or a named function):
+    sampling here is not constrained, so both APIs refuse it by name rather than answer free text."""
+    named = {"type": "function", "function": {"name": "calculator"}}
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+
+    async def run():
+        async with served(tiny_tokenizer, ["a"] * 8) as (srv, engine, _):
+            base = srv.open_session(engine, Episode("t", 0)).base_url
+            out = {}
+            async with httpx.AsyncClient() as http:
+                for name, choice in (("required", "required"), ("named", named), ("none", "none")):
+                    chat = await http.post(f"{base}/chat/completions",
+                                           json={"messages": [QUESTION], "tools": [tool], "tool_choice": choice})
+                    resp = await http.post(f"{base}/responses", json={"input": "hi", "tool_choice": choice,
+                                                                       "tools": [{"type": "function", "name": "calculator"}]})
+                    out[name] = (chat, resp)
+                out["format"] = (await http.post(f"{base}/chat/completions", json={
+                    "messages": [QUESTION], "response_format": {"type": "json_object"}}), None)
+                out["auto"] = (await http.post(f"{base}/chat/completions",
+                                               json={"messages": [QUESTION], "tools": [tool], "tool_choice": "auto"}), None)
+            return out
+    out = asyncio.run(run())
+    for name in ("required", "named", "none"):
+        chat, resp = out[name]
+        assert chat.status_code == resp.status_code == 400, (name, chat.text, resp.text)
+        assert chat.json()["error"]["param"] == resp.json()["error"]["param"] == "tool_choice"
+        assert chat.json()["error"]["message"] == resp.json()["error"]["message"]
+        assert "only 'auto'" in chat.json()["error"]["message"]
+    fmt = out["format"][0]
+    assert fmt.status_code == 400 and fmt.json()["error"]["param"] == "response_format"
+    assert out["auto"][0].status_code == 200
+
+
 def test_engine_failure_is_a_500_and_leaves_the_ledger_as_it_was(tiny_tokenizer):
     def script(prompt, index):
         raise RuntimeError("EngineDeadError: core died")

@@ -74,6 +74,17 @@ def _number(body: dict, key: str, lo: float, hi: float, integer: bool = False) -
     return value
 
 
+def check_tool_choice(body: dict) -> None:
+    """Forcing a tool (`"required"`, a named function) or forbidding one (`"none"`) would need constrained
+    sampling, and the ledger must hold what the model sampled from its own distribution (the loss's
+    behaviour log-probabilities): refused by name on both APIs rather than ignored, so an agent
+    framework that forces a tool for structured output learns at once that it is not honoured here."""
+    if body.get("tool_choice") not in (None, "auto"):
+        raise ProtocolError(f"'tool_choice' {body.get('tool_choice')!r} is not supported: only 'auto' (this server "
+                            "does not constrain sampling, so a forced or forbidden tool call would not be honoured)",
+                            "tool_choice")
+
+
 def _sampling(body: dict) -> Sampling:
     if body.get("best_of", 1) not in (None, 1):
         raise ProtocolError("'best_of' must be 1", "best_of")
@@ -153,6 +164,7 @@ def parse_chat(body: Any) -> ChatRequest:
     if parsed[-1]["role"] == "assistant":
         raise ProtocolError("the last message is an assistant message: continuing a partial assistant "
                             "turn is not supported", f"messages[{len(parsed) - 1}].role")
+    check_tool_choice(body)
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(
             isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("name") for t in tools)):

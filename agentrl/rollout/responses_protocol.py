@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.rollout.openai_protocol import ChatRequest, Message, ProtocolError, new_id, parse_chat
+from agentrl.rollout.openai_protocol import ChatRequest, Message, ProtocolError, check_tool_choice, new_id, parse_chat
 
 _REFUSED = {
     "previous_response_id": "send the whole conversation as 'input' (the session keeps the ledger)",
@@ -124,8 +124,7 @@ def _check_refused(body: dict[str, Any]) -> None:
     for key, why in _REFUSED.items():
         if body.get(key) not in (None, False):
             raise ProtocolError(f"'{key}' is not supported: {why}", key)
-    if body.get("tool_choice") not in (None, "auto"):
-        raise ProtocolError("'tool_choice' must be 'auto': the model's sampling is not constrained", "tool_choice")
+    check_tool_choice(body)
     text = body.get("text") or {}
     fmt = text.get("format") if isinstance(text, dict) else None
     if fmt not in (None, {}) and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
