@@ -88,7 +88,7 @@ class AgentrlWeightTransferEngine(WeightTransferEngine):
         initialize_layerwise_reload(self.model)
 
     def _metas(self, update_info: UpdateInfo):
-        from agentrl.weights.collective import TensorMeta, plan_buckets
+        from agentrl.weights.buckets import TensorMeta, plan_buckets
 
         if self.group is None:
             raise RuntimeError("agentrl weight transfer: no group (init_weight_transfer_engine first)")
