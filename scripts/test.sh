@@ -3,6 +3,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
+# The run viewer's browser tests (tests/test_viewer.py) drive Debian's chromium through chromium-driver: installed
+# here, for the tests only, so the main job's install stays small.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && { apt-get install -y -qq chromium chromium-driver \
+      || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver; }; } >/dev/null 2>&1; then :
+  else echo "test.sh: chromium / chromium-driver not installed; tests/test_viewer.py's browser test needs them"; fi
+fi
 set +e
 # Two workers (pytest-xdist): the end-to-end tests wait on engine start-up, process spawns and imports for
 # much of their time, which the other worker fills; tests/conftest.py groups them (a module stays on one worker,

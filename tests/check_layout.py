@@ -56,7 +56,7 @@ TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("one RL run: set-up, loop, checkpoints, clean-up", ("agentrl.run",)),
     ("the command lines", ("agentrl.train", "agentrl.eval", "agentrl.serve", "agentrl.replay", "agentrl.check",
                            "agentrl.stage_cli", "agentrl.lora_merge", "agentrl.sft", "agentrl.rm", "agentrl.prm",
-                           "agentrl.dpo", "agentrl.kto")),
+                           "agentrl.dpo", "agentrl.kto", "agentrl.view")),
 )
 UNITS = {u for _, units in TIERS for u in units}
 

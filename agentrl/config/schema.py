@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from agentrl.config.algo import AlgoConfig
+from agentrl.config.rollouts import SaveRolloutsConfig
 from agentrl.config.sources import RewardsConfig
 from agentrl.config.secrets import HOW_TO_GIVE, Secret
 from agentrl.config.tools import ToolsConfig
@@ -289,8 +290,11 @@ class TrainConfig(StrictModel):
                                                        "and the end-of-run plot read it)")
     wandb_project: str = Field("agentrl", description="wandb project (offline unless WANDB_MODE or an API key "
                                                       "says otherwise)")
-    save_rollouts: bool = Field(False, description="write every trained episode to <out_dir>/rollouts.jsonl "
-                                                   "(messages, tokens, masks, logprobs, versions, reward, status)")
+    save_rollouts: SaveRolloutsConfig = Field(
+        default_factory=SaveRolloutsConfig, description="trained episodes kept in <out_dir>/rollouts.jsonl "
+        "(messages, tokens and their text, masks, logprobs, versions, reward, status) for `python -m agentrl.view` "
+        "and `agentrl.replay`: a sample of each step's groups, up to a cap on disk; true = every episode, no cap; "
+        "false = none")
 
 
 class ServerConfig(StrictModel):

@@ -1,8 +1,11 @@
-"""Trained episodes as JSON lines: one record per episode, written by the training loop when
-`train.save_rollouts` is set, read back by `agentrl.replay` (and anything else: it is plain JSON).
+"""Trained episodes as JSON lines: one record per episode, written by the training loop as
+`train.save_rollouts` says (a sample of each step's groups up to a cap on disk, by default), read back by
+`agentrl.view`, `agentrl.replay` (and anything else: it is plain JSON).
 
 A record is `episode_to_record(ep, step, task)`: the step it was trained at, its task, and every
-Episode field (the token ledger, behaviour logprobs, versions, turns, reward, status, info).
+Episode field (the token ledger, behaviour logprobs, versions, turns, reward, status, info). The run's
+writer adds `token_text` (each token decoded on its own: a byte-level token that is part of a character
+reads as U+FFFD) and, in eval_episodes.jsonl, `eval` (before, during or after RL).
 `episode_from_record` is its inverse for what JSON keeps; JSON does not keep:
 
   * non-finite floats (NaN, +-inf), written as null: a null logprob or reward comes back as NaN,
@@ -22,6 +25,8 @@ import json
 import logging
 import math
 import os
+import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +63,8 @@ def episode_to_record(ep: Episode, step: int | None = None, task: dict | None = 
         "task": task if task is not None else ep.info.get("task"),
         "messages": ep.messages, "tokens": ep.tokens, "loss_mask": ep.loss_mask, "logprobs": ep.logprobs,
         "versions": ep.versions, "prompt_len": ep.prompt_len, "reward": ep.reward, "status": ep.status,
-        "error": ep.error, "success": ep.success, "turns": [dataclasses.asdict(t) for t in ep.turns],
+        "error": ep.error, "traceback": ep.traceback, "sample": ep.sample, "success": ep.success,
+        "turns": [dataclasses.asdict(t) for t in ep.turns],
         "info": ep.info, "segments": [dataclasses.asdict(seg) for seg in ep.segments],
     })
 
@@ -73,7 +79,8 @@ def episode_from_record(d: dict[str, Any]) -> Episode:
         task_id=d["task_id"], group_id=int(d["group_id"]), tokens=list(d["tokens"]),
         loss_mask=list(d["loss_mask"]), logprobs=[_float(x) for x in d["logprobs"]],
         versions=list(d["versions"]), prompt_len=int(d.get("prompt_len", 0)), reward=_float(d["reward"]),
-        status=d["status"], error=d.get("error", ""), turns=[Turn(**t) for t in d.get("turns", [])],
+        status=d["status"], error=d.get("error", ""), traceback=d.get("traceback", ""),
+        sample=int(d.get("sample", 0)), turns=[Turn(**t) for t in d.get("turns", [])],
         messages=list(d.get("messages", [])), info=dict(d.get("info") or {}), success=bool(d.get("success")),
         segments=[Segment(**seg) for seg in d.get("segments", [])])
 
@@ -101,9 +108,12 @@ def _check_record(path: str | os.PathLike, number: int, record: Any) -> None:
 
 
 class RolloutWriter:
-    """Appends one record per trained episode to a JSON-lines file, one flush per step."""
+    """Appends one record per written episode to a JSON-lines file, one flush per step: a seeded random
+    sample of `sample_groups` groups per step (None = all), until the file holds `max_bytes` (0 = no cap)."""
 
-    def __init__(self, path: str | os.PathLike, start_step: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike, start_step: int = 0, sample_groups: int | None = None,
+                 max_bytes: int = 0, decode: Callable[[list[int]], list[str]] | None = None,
+                 seed: int = 0) -> None:
         """`start_step` 0: a fresh run (the file is emptied). > 0: a run resumed at that step keeps
         the rows of earlier steps and drops later ones and a torn last line."""
         self.path = Path(path)
@@ -112,12 +122,60 @@ class RolloutWriter:
         if dropped:
             log.info("%s: dropped %d rows of steps >= %d (or torn)", self.path, dropped, start_step)
         self._file = open(self.path, "a", encoding="utf-8")
+        self.sample_groups, self.max_bytes, self.decode, self.seed = sample_groups, max_bytes, decode, seed
+        self.size = self.path.stat().st_size
+        self.full = False
+        self._text: dict[int, str] = {}  # token id -> its text: each id decoded once a run
+
+    def _sample(self, step: int, groups: list[Group]) -> list[Group]:
+        """Random, not the first N: a batch's groups come in the order they finished, shortest first."""
+        if self.sample_groups is None or self.sample_groups >= len(groups):
+            return groups
+        keep = set(random.Random(self.seed * 1_000_003 + step).sample(range(len(groups)), self.sample_groups))
+        return [g for i, g in enumerate(groups) if i in keep]
+
+    def _record(self, ep: Episode, step: int, task: dict | None, extra: dict[str, Any]) -> str:
+        record = episode_to_record(ep, step, task)
+        if self.decode is not None:
+            missing = sorted(set(ep.tokens).difference(self._text))
+            self._text.update(zip(missing, self.decode(missing) if missing else []))
+            record["token_text"] = [self._text[t] for t in ep.tokens]
+        record.update(extra)
+        return json.dumps(record, allow_nan=False, ensure_ascii=False)
 
     def write(self, step: int, groups: list[Group]) -> None:
-        lines = [json.dumps(episode_to_record(ep, step, g.task), allow_nan=False, ensure_ascii=False)
-                 for g in groups for ep in g.episodes]
-        self._file.write("".join(line + "\n" for line in lines))
+        self._write([self._record(ep, step, g.task, {}) for g in self._sample(step, groups) for ep in g.episodes])
+
+    def write_eval(self, step: int, label: str, episodes: list[Episode]) -> None:
+        """A held-out evaluation's episodes (`label`: before, during or after RL), all of them."""
+        self._write([self._record(ep, step, None, {"eval": label}) for ep in episodes])
+
+    def _write(self, lines: list[str]) -> None:
+        if self.full or not lines:
+            return
+        text = "".join(line + "\n" for line in lines)
+        size = len(text.encode("utf-8"))
+        if self.max_bytes and self.size + size > self.max_bytes:
+            self.full = True
+            log.info("%s holds %.2f MB, the cap of train.save_rollouts.max_mb: no more episodes are written "
+                     "to it this run", self.path, self.size / 2**20)
+            return
+        self._file.write(text)
         self._file.flush()
+        self.size += size
 
     def close(self) -> None:
         self._file.close()
+
+
+def run_writers(section: Any, out_dir: str, start_step: int, seed: int,
+                decode: Callable[[list[int]], list[str]] | None) -> tuple[RolloutWriter | None, RolloutWriter | None]:
+    """The writers of rollouts.jsonl and eval_episodes.jsonl that `train.save_rollouts` (`section`) asks
+    for, or None each."""
+    groups = None if section.sample_groups == "all" else section.sample_groups
+    cap = int(section.max_mb * 2**20)
+    train = RolloutWriter(os.path.join(out_dir, "rollouts.jsonl"), start_step, groups, cap, decode, seed) \
+        if groups != 0 else None
+    evals = RolloutWriter(os.path.join(out_dir, "eval_episodes.jsonl"), start_step, None, cap, decode, seed) \
+        if section.eval else None
+    return train, evals

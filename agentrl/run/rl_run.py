@@ -111,6 +111,7 @@ class RLRun:
         self.max_stale_seen = 0
         self.kept: dict[str, Any] = {}  # what a checkpoint keeps for the final summary (eval_before)
         self.resumed: dict[str, Any] | None = None
+        self.eval_records: Any = None  # eval_episodes.jsonl (agentrl.rollout.records), opened by train()
         self.stop = StopRequest()
         self.saved_step = 0  # the step of the newest checkpoint written or loaded by this process
         self.carried: dict[str, list[int]] = {}  # a stopped run's unrecorded drops, for the first record
@@ -257,19 +258,29 @@ class RLRun:
 
     # -- train ------------------------------------------------------------------------------------
 
-    async def _evaluate(self) -> EvalResult:
-        """The held-out tasks, scored and timed."""
+    async def _evaluate(self, label: str = "during") -> EvalResult:
+        """The held-out tasks, scored and timed (and their episodes written down, `train.save_rollouts.eval`)."""
         t = time.perf_counter()
-        result = score_episodes(await self.pool.evaluate(self.prep.eval_tasks, self.cfg.data.seed))
+        episodes = await self.pool.evaluate(self.prep.eval_tasks, self.cfg.data.seed)
+        result = score_episodes(episodes)
         result.seconds = time.perf_counter() - t
+        if self.eval_records is not None:
+            self.eval_records.write_eval(self.step, label, episodes)
         return result
 
     async def train(self) -> dict[str, Any]:
         """Evaluate, train `train.steps` steps (from a resumed run's step), save, evaluate; the summary."""
         cfg, pool = self.cfg, self.pool
         summary: dict[str, Any] = {"model": self.model_path, "config": cfg.model_dump()}
+        from agentrl.rollout.records import run_writers
+
+        rollouts, self.eval_records = run_writers(cfg.train.save_rollouts, cfg.train.out_dir, self.step, cfg.train.seed,
+                                                  lambda ids: self.tokenizer.batch_decode([[t] for t in ids]))
+        for writer in (rollouts, self.eval_records):
+            if writer is not None:
+                self._stack.callback(writer.close)
         if cfg.train.eval_before and self.resumed is None:
-            self.kept["eval_before"] = (await self._evaluate()).__dict__
+            self.kept["eval_before"] = (await self._evaluate("before")).__dict__
             log.info("eval before RL: %s", self.kept["eval_before"])
         summary.update(self.kept)
         if self.resumed is not None:
@@ -280,12 +291,6 @@ class RLRun:
                            loggers=cfg.train.loggers, start_step=self.step, wandb_project=cfg.train.wandb_project,
                            run_config=cfg.model_dump())
         self._stack.callback(sink.close)
-        rollouts = None
-        if cfg.train.save_rollouts:
-            from agentrl.rollout.records import RolloutWriter
-
-            rollouts = RolloutWriter(os.path.join(cfg.train.out_dir, "rollouts.jsonl"), self.step)
-            self._stack.callback(rollouts.close)
         t_train = time.perf_counter()
         summary["train"] = await self._loop(sink, rollouts)
         summary["train"]["seconds"] = time.perf_counter() - t_train
@@ -295,11 +300,26 @@ class RLRun:
             summary["saved_model"] = os.path.join(cfg.train.out_dir, "model")
             await asyncio.to_thread(self.learner.save, summary["saved_model"], self.tokenizer)
         if cfg.train.eval_after:
-            summary["eval_after"] = (await self._evaluate()).__dict__
+            summary["eval_after"] = (await self._evaluate("after")).__dict__
             log.info("eval after RL: %s", summary["eval_after"])
         summary["wall_s"] = time.perf_counter() - self.t_start
         sink.write_summary(summary)
         return summary
+
+    def _account_tasks(self, step: int, rec: dict[str, Any], assembly: Any, signal: SignalWatch) -> None:
+        """The step's trained and dropped task positions, learning signal and elapsed time into `rec`
+        (synchronous: nothing may run between this and the checkpoint's capture)."""
+        rec["tasks/trained"] = [g.group_id for g in assembly.groups]
+        dropped = _merged(self.carried, self.producer.take_outcomes())  # a stopped run's drops go in first
+        self.carried = {}
+        sig = step_signal(assembly.groups, len(dropped.get("filtered", [])))
+        rec.update(signal_metrics(sig))
+        if warning := signal.observe(step, sig):
+            log.warning("%s", warning)
+        if assembly.dropped_ids:
+            dropped["stale"] = assembly.dropped_ids
+        rec["tasks/dropped"] = dropped
+        rec["elapsed_s"] = self.elapsed_before + time.perf_counter() - self.t_start
 
     async def _loop(self, sink: MetricsSink, rollouts: Any) -> dict[str, Any]:
         cfg, pool, learner, sync, buffer, producer = (self.cfg, self.pool, self.learner, self.sync, self.buffer,
@@ -342,17 +362,7 @@ class RLRun:
                 self.max_stale_seen = max(self.max_stale_seen, trained_staleness)
                 # From here to the checkpoint's capture nothing awaits: every task position is accounted
                 # for once, in a record or in the checkpoint.
-                rec["tasks/trained"] = [g.group_id for g in assembly.groups]
-                dropped = _merged(self.carried, producer.take_outcomes())  # a stopped run's drops go in first
-                self.carried = {}
-                sig = step_signal(assembly.groups, len(dropped.get("filtered", [])))
-                rec.update(signal_metrics(sig))
-                if warning := signal.observe(step, sig):
-                    log.warning("%s", warning)
-                if assembly.dropped_ids:
-                    dropped["stale"] = assembly.dropped_ids
-                rec["tasks/dropped"] = dropped
-                rec["elapsed_s"] = self.elapsed_before + time.perf_counter() - self.t_start
+                self._account_tasks(step, rec, assembly, signal)
                 sink.log(rec)
                 if rollouts is not None:
                     rollouts.write(step, assembly.groups)

@@ -1,0 +1,312 @@
+// The run viewer's page (agentrl.telemetry.viewer): plain JS, no library, no request leaves the server it
+// came from. Views: #overview, #episodes, #episode/<source>/<i>, #compare[/<task id>].
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const el = (tag, attrs = {}, ...kids) => {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "text") node.textContent = v; else if (k === "cls") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const kid of kids) node.append(kid);
+  return node;
+};
+const fmt = (v, digits = 3) => (v === null || v === undefined ? "–" : typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(digits)) : String(v));
+const api = async (path) => {
+  const res = await fetch(path);
+  if (!res.ok) throw new Error(`${path}: ${res.status} ${await res.text()}`);
+  return res.json();
+};
+
+const state = { metrics: [], run: null, page: 0, limit: 50, episodeQuery: "", colorBy: "mu", timing: {} };
+window.viewer = state;  // the browser test and bench read timings here
+
+// ---- overview: one small SVG chart per curve the run has -------------------------------------------
+const CURVES = [
+  ["reward_mean", "reward (trained batch)"], ["eval_score", "held-out eval score"], ["success_rate", "success rate"],
+  ["staleness_max", "staleness, max"], ["trained_staleness_max", "staleness trained, max"], ["policy/kl", "KL to reference"],
+  ["policy/mismatch_k1", "KL(mu || pi), k1"], ["policy/trust_masked_frac", "trust-masked share"],
+  ["push_pause_s", "push pause (s)"], ["rollout_tokens_per_s", "rollout tokens / s"], ["tools/call_success_rate", "tool-call success"],
+  ["tools/calls_per_turn", "tool calls / turn"], ["policy/entropy", "entropy"], ["policy/padding_ratio", "padding ratio (run / real tokens)"],
+  ["learner_step_s", "learner step (s)"],
+];
+
+function curveKeys(rows) {
+  const present = new Set();
+  for (const r of rows) for (const [k, v] of Object.entries(r)) if (typeof v === "number") present.add(k);
+  const keys = CURVES.filter(([k]) => present.has(k));
+  for (const k of present) if (/padding/.test(k) && !keys.some(([x]) => x === k)) keys.push([k, k]);
+  return keys;
+}
+
+function chart(key, label, rows) {
+  const pts = rows.filter((r) => typeof r[key] === "number" && typeof r.step === "number").map((r) => [r.step, r[key]]);
+  const W = 320, H = 140, L = 38, R = 6, T = 6, B = 16;
+  const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
+  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+  const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R), sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("data-key", key);
+  const add = (tag, attrs, text) => {
+    const n = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
+    if (text !== undefined) n.textContent = text;
+    svg.append(n);
+    return n;
+  };
+  add("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" });
+  add("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" });
+  add("text", { x: L - 4, y: T + 8, "text-anchor": "end", class: "lbl" }, fmt(y1, 2));
+  add("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "lbl" }, fmt(y0, 2));
+  add("text", { x: L, y: H - 3, class: "lbl" }, `step ${fmt(x0)}`);
+  add("text", { x: W - R, y: H - 3, "text-anchor": "end", class: "lbl" }, `${fmt(x1)}`);
+  add("polyline", { points: pts.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ") });
+  const r = pts.length > 60 ? 1.3 : 2.4;
+  for (const [x, y] of pts) add("circle", { cx: sx(x).toFixed(1), cy: sy(y).toFixed(1), r, class: "pt" }).append(
+    Object.assign(document.createElementNS(NS, "title"), { textContent: `step ${x}: ${fmt(y, 4)}` }));
+  const last = pts.length ? pts[pts.length - 1][1] : null;
+  return el("div", { cls: "chart" }, el("h3", {}, label, el("span", { text: `last ${fmt(last)} · ${pts.length} pts` })), svg);
+}
+
+function drawOverview() {
+  const box = $("#charts");
+  box.replaceChildren(...curveKeys(state.metrics).map(([k, label]) => chart(k, label, state.metrics)));
+  if (!state.metrics.length) box.append(el("p", { cls: "note", text: "no steps yet: metrics.jsonl is empty" }));
+}
+
+async function pollMetrics() {
+  const got = await api(`/api/metrics?since=${state.metrics.length}`);
+  if (got.total < state.metrics.length) { state.metrics = []; return pollMetrics(); }  // the file restarted
+  state.metrics.push(...got.rows);
+  $("#live").textContent = `${state.metrics.length} steps` + (state.run && state.run.summary ? " · finished" : " · following");
+  return got.rows.length;
+}
+
+// ---- episodes: filters sent to the server, one page back --------------------------------------------
+function filterQuery() {
+  const form = new FormData($("#filters"));
+  const params = new URLSearchParams();
+  for (const [k, v] of form.entries()) if (k !== "st" && String(v).trim() !== "") params.set(k, String(v).trim());
+  if (params.has("group_min")) params.set("group_max", params.get("group_min"));
+  const statuses = [...document.querySelectorAll("#status-boxes input:checked")].map((b) => b.value);
+  if (statuses.length) params.set("status", statuses.join(","));
+  return params;
+}
+
+async function loadEpisodes() {
+  const t0 = performance.now();
+  const params = filterQuery();
+  params.set("offset", String(state.page * state.limit));
+  params.set("limit", String(state.limit));
+  const got = await api(`/api/episodes?${params}`);
+  drawStatuses(got.statuses);
+  const source = params.get("source") || "train";
+  const body = $("#episodes tbody");
+  body.replaceChildren(...got.rows.map((r) => {
+    const tr = el("tr", { "data-i": r.i },
+      el("td", { text: fmt(r.step) }), el("td", { text: r.task_id + (r.eval ? ` (${r.eval})` : "") }), el("td", { text: fmt(r.group) }),
+      el("td", { text: r.status, cls: ["ok", "truncated"].includes(r.status) ? "status-ok" : "status-bad" }),
+      el("td", { text: fmt(r.reward) }), el("td", { text: fmt(r.turns) }), el("td", { text: fmt(r.tool_calls) }),
+      el("td", { text: fmt(r.staleness) }), el("td", { text: `${r.generated} / ${r.tokens}` }));
+    tr.addEventListener("click", () => { location.hash = `#episode/${source}/${r.i}`; });
+    return tr;
+  }));
+  const first = got.total ? got.offset + 1 : 0;
+  $("#count").textContent = `${first}–${got.offset + got.rows.length} of ${got.total} (${got.all} recorded)`;
+  $("#count").dataset.total = got.total;
+  state.timing.filter_ms = performance.now() - t0;
+  document.body.dataset.episodesLoaded = String(Number(document.body.dataset.episodesLoaded || 0) + 1);
+}
+
+function drawStatuses(counts) {
+  const box = $("#status-boxes");
+  const checked = new Set([...box.querySelectorAll("input:checked")].map((b) => b.value));
+  const names = Object.keys(counts).sort();
+  if (box.dataset.names === names.join(",")) {
+    for (const n of names) box.querySelector(`input[value="${CSS.escape(n)}"]`).nextSibling.textContent = ` ${n} (${counts[n]})`;
+    return;
+  }
+  box.dataset.names = names.join(",");
+  box.replaceChildren(...names.map((n) => {
+    const input = el("input", { type: "checkbox", name: "st", value: n });
+    input.checked = checked.has(n);
+    return el("label", {}, input, document.createTextNode(` ${n} (${counts[n]})`));
+  }));
+}
+
+let filterTimer = null;
+function onFilter() {
+  clearTimeout(filterTimer);
+  filterTimer = setTimeout(() => { state.page = 0; loadEpisodes(); }, 120);
+}
+
+// ---- one episode: the conversation, then the ledger token by token ----------------------------------
+const QUANTITIES = {
+  mu: ["behaviour log-prob μ", (e, i) => (e.loss_mask[i] ? e.logprobs[i] : null)],
+  prob: ["behaviour prob exp(μ)", (e, i) => (e.loss_mask[i] && e.logprobs[i] !== null ? Math.exp(e.logprobs[i]) : null)],
+  version: ["policy version", (e, i) => (e.loss_mask[i] && e.versions[i] >= 0 ? e.versions[i] : null)],
+  staleness: ["staleness (step − version)", (e, i) => e.staleness[i]],
+  masked: ["trained (loss mask)", (e, i) => e.loss_mask[i]],
+  advantage: ["advantage", (e, i) => (e.advantages ? e.advantages[i] : null)],
+};
+
+function colour(q, v, lo, hi) {
+  if (v === null || v === undefined) return "";
+  if (q === "masked") return v ? "hsl(220 80% 86%)" : "";
+  const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;  // 0..1 across the episode's range
+  if (q === "advantage") return v >= 0 ? `hsl(140 60% ${92 - 36 * Math.min(1, v / Math.max(hi, 1e-9))}%)` : `hsl(0 75% ${92 - 36 * Math.min(1, v / Math.min(lo, -1e-9))}%)`;
+  if (q === "staleness") return `hsl(${120 - 120 * t} 70% 78%)`;
+  if (q === "version") return `hsl(${200 + 80 * t} 60% 82%)`;
+  return `hsl(${120 * t} 70% 78%)`;  // mu, prob: red = unlikely under the behaviour policy, green = likely
+}
+
+function tokenText(e, i) {
+  const t = e.token_text ? e.token_text[i] : `⟨${e.tokens[i]}⟩`;
+  return t === "" ? "∅" : t;
+}
+
+function ledger(e, q) {
+  const box = el("div", { cls: "ledger" });
+  const [, get] = QUANTITIES[q];
+  const values = e.tokens.map((_, i) => get(e, i));
+  const finite = values.filter((v) => typeof v === "number" && isFinite(v));
+  const lo = Math.min(...finite), hi = Math.max(...finite);
+  const starts = new Map((e.turns || []).map((t, k) => [t.start, k]));
+  const frag = document.createDocumentFragment();
+  for (let i = 0; i < e.tokens.length; i++) {
+    if (starts.has(i)) frag.append(el("span", { cls: "turn", text: `turn ${starts.get(i) + 1}` }));
+    const span = el("span", { cls: e.loss_mask[i] ? "tk gen" : "tk ctx", "data-i": i, text: tokenText(e, i) });
+    const c = colour(q, values[i], lo, hi);
+    if (c) span.style.background = c;
+    frag.append(span);
+  }
+  box.append(frag);
+  box.addEventListener("mouseover", (ev) => showTip(ev, e, q));
+  box.addEventListener("mouseout", () => { $("#tip").hidden = true; });
+  const legend = el("div", { cls: "legend" }, el("span", { text: `colour: ${QUANTITIES[q][0]}` }),
+    el("span", { text: finite.length ? `from ${fmt(lo)} to ${fmt(hi)}` : "(not recorded for this episode)" }));
+  return [legend, box];
+}
+
+function showTip(ev, e, q) {
+  const span = ev.target.closest(".tk");
+  const tip = $("#tip");
+  if (!span) { tip.hidden = true; return; }
+  const i = Number(span.dataset.i);
+  const lines = [`#${i} ${JSON.stringify(tokenText(e, i))} id ${e.tokens[i]}`,
+    `${QUANTITIES[q][0]}: ${fmt(QUANTITIES[q][1](e, i), 4)}`];
+  if (e.loss_mask[i]) lines.push(`μ ${fmt(e.logprobs[i], 4)}  version ${e.versions[i]}  staleness ${fmt(e.staleness[i])}`);
+  else lines.push("context (prompt, env or tool reply): not trained");
+  tip.textContent = lines.join("\n");
+  tip.dataset.i = String(i);
+  tip.hidden = false;
+  const r = span.getBoundingClientRect();
+  tip.style.left = `${Math.min(r.left, innerWidth - 360)}px`;
+  tip.style.top = `${r.bottom + 6}px`;
+}
+
+function conversation(e) {
+  return (e.messages || []).map((m) => {
+    const parts = [el("span", { cls: "role", text: m.role + (m.name ? ` · ${m.name}` : "") })];
+    if (m.content) parts.push(document.createTextNode(typeof m.content === "string" ? m.content : JSON.stringify(m.content)));
+    for (const call of m.tool_calls || []) parts.push(el("div", { cls: "call", text: `→ ${JSON.stringify(call.function || call)}` }));
+    return el("div", { cls: `msg ${m.role}` }, ...parts);
+  });
+}
+
+function rewardTable(e) {
+  const rows = Object.entries((e.info && e.info.rewards) || {}).map(([name, r]) =>
+    el("tr", {}, el("td", { text: name }), el("td", { text: fmt(r.value, 4) }), el("td", { text: r.status }), el("td", { text: r.error || "" })));
+  if (e.info && "env_reward" in e.info) rows.unshift(el("tr", {}, el("td", { text: "env (its own)" }), el("td", { text: fmt(e.info.env_reward, 4) }), el("td"), el("td")));
+  return el("table", { cls: "rewards" }, el("tr", {}, el("th", { text: "source" }), el("th", { text: "value" }), el("th", { text: "status" }), el("th")), ...rows);
+}
+
+function episodeBody(e, q, wide) {
+  const meta = el("div", { cls: "meta" }, ...[["task", e.task_id], ["step", e.step], ["group", e.group_id], ["sample", e.sample],
+    ["status", e.status], ["reward", fmt(e.reward, 4)], ["success", String(e.success)], ["turns", (e.turns || []).length],
+    ["tokens", `${e.loss_mask.reduce((a, b) => a + b, 0)} generated / ${e.tokens.length}`]].concat(e.eval ? [["eval", e.eval]] : [])
+    .map(([k, v]) => el("span", {}, el("b", { text: `${k} ` }), String(v))));
+  const left = [el("h2", { cls: "sec", text: "Rewards" }), rewardTable(e)];
+  if (e.error || e.traceback) left.push(el("h2", { cls: "sec", text: "Error" }), el("pre", { cls: "error", text: [e.error, e.traceback].filter(Boolean).join("\n\n") }));
+  left.push(el("h2", { cls: "sec", text: "Conversation" }), ...conversation(e));
+  const right = [el("h2", { cls: "sec", text: "Tokens" }), ...ledger(e, q),
+    el("details", {}, el("summary", { text: "task and info" }), el("pre", { text: JSON.stringify({ task: e.task, info: e.info }, null, 2) }))];
+  return wide ? [meta, el("div", { cls: "pair" }, el("div", {}, ...left), el("div", {}, ...right))] : [meta, ...left, ...right];
+}
+
+function colourPicker(onChange) {
+  const select = el("select", { id: "colour-by" }, ...Object.entries(QUANTITIES).map(([k, [label]]) => el("option", { value: k, text: label })));
+  select.value = state.colorBy;
+  select.addEventListener("change", () => { state.colorBy = select.value; onChange(); });
+  return el("label", { cls: "legend" }, "colour tokens by ", select);
+}
+
+async function showEpisode(source, i) {
+  const e = await api(`/api/episode?source=${source}&i=${i}`);
+  const box = $("#episode");
+  const draw = () => box.replaceChildren(el("p", {}, el("a", { href: "#episodes", text: "← episodes" })), colourPicker(draw), ...episodeBody(e, state.colorBy, true));
+  draw();
+}
+
+// ---- before / after: one held-out task at the first and the last eval --------------------------------
+async function showCompare(task) {
+  const got = await api("/api/compare");
+  $("#compare-note").textContent = got.tasks.length ? `${got.tasks.length} held-out tasks answered at both the first and the last eval (train.save_rollouts.eval); pick one.`
+    : "this run recorded no two evals of the held-out tasks (train.save_rollouts.eval, with train.eval_before / eval_after)";
+  $("#compare-list tbody").replaceChildren(...got.tasks.map((p) => {
+    const tr = el("tr", {}, el("td", { text: p.task_id }), el("td", { text: `${fmt(p.before.reward)} (${p.before.eval}, step ${p.before.step})` }),
+      el("td", { text: `${fmt(p.after.reward)} (${p.after.eval}, step ${p.after.step})` }));
+    tr.addEventListener("click", () => { location.hash = `#compare/${encodeURIComponent(p.task_id)}`; });
+    return tr;
+  }));
+  const pair = $("#compare-pair");
+  if (!task) { pair.replaceChildren(); return; }
+  const two = await api(`/api/compare?task=${encodeURIComponent(task)}`);
+  const draw = () => pair.replaceChildren(...["before", "after"].map((k) => el("div", {}, el("h2", { text: `${k === "before" ? "first" : "last"} eval (${two[k].eval}, step ${two[k].step})` }),
+    k === "before" ? colourPicker(draw) : el("div", { cls: "legend", text: " " }), ...episodeBody(two[k], state.colorBy))));
+  draw();
+  $("#compare-list").scrollIntoView();
+}
+
+// ---- routing and start ---------------------------------------------------------------------------
+async function route() {
+  const [view, a, b] = (location.hash.slice(1) || "overview").split("/");
+  const name = { episode: "episode" }[view] || (["overview", "episodes", "compare"].includes(view) ? view : "overview");
+  for (const s of document.querySelectorAll(".view")) s.classList.toggle("on", s.id === `view-${name}`);
+  for (const n of document.querySelectorAll("nav a")) n.classList.toggle("on", n.dataset.view === (name === "episode" ? "episodes" : name));
+  if (name === "overview") drawOverview();
+  else if (name === "episodes") await loadEpisodes();
+  else if (name === "episode") await showEpisode(a, b);
+  else await showCompare(a ? decodeURIComponent(a) : null);
+  document.body.dataset.view = location.hash || "#overview";
+}
+
+async function start() {
+  const t0 = performance.now();
+  state.run = await api("/api/run");
+  $("#run-name").textContent = state.run.name;
+  $("#summary").textContent = state.run.summary ? JSON.stringify(state.run.summary, null, 2) : "no summary.json yet: the run is still going";
+  $("#config").textContent = state.run.config ? JSON.stringify(state.run.config, null, 2) : "written to summary.json at the end of the run";
+  await pollMetrics();
+  for (const input of document.querySelectorAll("#filters input[type=text], #filters input:not([type])")) input.addEventListener("input", onFilter);
+  $("#filters").addEventListener("change", () => { clearTimeout(filterTimer); state.page = 0; loadEpisodes(); });
+  $("#filters").addEventListener("submit", (ev) => ev.preventDefault());
+  $("#prev").addEventListener("click", () => { if (state.page > 0) { state.page--; loadEpisodes(); } });
+  $("#next").addEventListener("click", () => { if ((state.page + 1) * state.limit < Number($("#count").dataset.total || 0)) { state.page++; loadEpisodes(); } });
+  addEventListener("hashchange", route);
+  await route();
+  state.timing.open_ms = performance.now();  // since navigation start: what a user waits for
+  state.timing.start_ms = performance.now() - t0;
+  document.body.dataset.ready = "1";
+  setInterval(async () => {  // follow a running run: new steps redraw the curves
+    if (state.run.summary) return;
+    if ((await pollMetrics()) && document.body.dataset.view === "#overview") drawOverview();
+    if (state.metrics.length && !state.run.summary) state.run = await api("/api/run");
+  }, 3000);
+}
+
+start().catch((err) => { document.body.prepend(el("pre", { cls: "status-bad", text: String(err) })); });

@@ -1,0 +1,287 @@
+"""`python -m agentrl.view`: the JSON API over a run folder's real files (written by the run's own
+writers, tests/viewer_run.py) on a real aiohttp server on loopback, and the page in Debian's chromium,
+driven headless by selenium: curves, filters, one episode token by token, before/after."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentrl.config import load_config
+from agentrl.rollout.records import RolloutWriter, read_records
+from agentrl.telemetry.viewer import Viewer, _loopback
+from viewer_run import decode, episode, make_run
+
+
+class Served:
+    """A Viewer on its own event loop in a thread, so the test (and the browser) talk to it over HTTP."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.viewer = Viewer(run_dir)
+        self.url = asyncio.run_coroutine_threadsafe(self.viewer.start("127.0.0.1", 0), self.loop).result(30)
+        self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(30.0))
+
+    def get(self, path: str, **params) -> httpx.Response:
+        return self.http.get(path, params=params)
+
+    def close(self) -> None:
+        self.http.close()
+        asyncio.run_coroutine_threadsafe(self.viewer.stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("viewer") / "run")
+
+
+@pytest.fixture(scope="module")
+def served(run_dir):
+    s = Served(run_dir)
+    yield s
+    s.close()
+
+
+def records(run_dir: Path, name: str = "rollouts.jsonl") -> list[dict]:
+    return read_records(run_dir / name)
+
+
+def test_filters_count_what_the_file_holds(served, run_dir):
+    recs = records(run_dir)
+    assert len(recs) == 6 * 4 * 4
+    every = served.get("/api/episodes", limit=500).json()
+    assert every["total"] == every["all"] == len(recs)
+    assert every["statuses"] == {s: sum(r["status"] == s for r in recs) for s in {r["status"] for r in recs}}
+    got = served.get("/api/episodes", status="env_error,timeout", reward_min="-0.5", turns_min="2",
+                     limit=500).json()
+    want = [i for i, r in enumerate(recs) if r["status"] in ("env_error", "timeout") and r["reward"] >= -0.5
+            and len(r["turns"]) >= 2]
+    assert [row["i"] for row in got["rows"]] == want and got["total"] == len(want) > 0
+    stale = served.get("/api/episodes", staleness_min="2", limit=500).json()
+    oldest = [r["step"] - min(v for v, m in zip(r["versions"], r["loss_mask"]) if m) for r in recs]
+    assert [row["i"] for row in stale["rows"]] == [i for i, s in enumerate(oldest) if s >= 2]
+    calls = served.get("/api/episodes", tool_calls_min="1", tool_calls_max="1", group_min="5", group_max="5").json()
+    assert [row["i"] for row in calls["rows"]] == [i for i, r in enumerate(recs)
+                                                  if r["info"]["tool_calls"] == 1 and r["group_id"] == 5]
+    searched = served.get("/api/episodes", q="TASK-7 ").json()  # a task id, any case
+    assert {row["task_id"] for row in searched["rows"]} == {"task-7"} and searched["total"] == 4
+    assert served.get("/api/episodes", q="apples", limit=500).json()["total"] == len(recs)  # the text
+
+
+def test_paging_and_bad_parameters(served, run_dir):
+    n = len(records(run_dir))
+    pages = [served.get("/api/episodes", offset=str(o), limit="7").json() for o in range(0, n, 7)]
+    assert [row["i"] for p in pages for row in p["rows"]] == list(range(n))
+    assert all(p["total"] == n for p in pages)
+    bad = served.get("/api/episodes", reward_min="high")
+    assert bad.status_code == 400 and "reward_min='high' is not a number" in bad.text
+    assert served.get("/api/episodes", limit="100000").status_code == 400
+    assert served.get("/api/episodes", source="secrets").status_code == 404
+
+
+def test_one_episode_is_its_record_with_staleness(served, run_dir):
+    recs = records(run_dir)
+    got = served.get("/api/episode", source="train", i="37").json()
+    want = recs[37]
+    for key in ("tokens", "loss_mask", "logprobs", "versions", "turns", "messages", "reward", "status"):
+        assert got[key] == want[key], key
+    assert got["token_text"] == decode(want["tokens"])
+    assert got["staleness"] == [want["step"] - v if m else None for v, m in zip(want["versions"], want["loss_mask"])]
+    for i in ("-1", "9999", "x"):
+        assert served.get("/api/episode", i=i).status_code == 404
+
+
+def test_paths_stay_inside_the_run_folder(served, run_dir, tmp_path):
+    assert served.get("/static/app.js").status_code == 200
+    for path in ("/static/../summary.json", "/static/%2e%2e%2fmetrics.jsonl", "/static/..%2f..%2fpyproject.toml",
+                 "/metrics.jsonl", "/static/viewer.py", "/static/"):
+        assert served.http.get(path).status_code == 404, path
+    raw = httpx.get(served.url + "/static/../../../../etc/passwd")  # httpx keeps the dots as sent
+    assert raw.status_code == 404
+    rebound = served.http.get("/api/run", headers={"Host": "evil.example:80"})  # DNS rebinding
+    assert rebound.status_code == 403 and "run" not in rebound.text.split()
+    assert served.http.get("/api/run", headers={"Host": "localhost"}).status_code == 200
+    # A file of the run that is a link out of the folder is not read.
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "metrics.jsonl").symlink_to(secret)
+    s = Served(linked)
+    try:
+        assert s.get("/api/metrics").json() == {"total": 0, "rows": []}
+    finally:
+        s.close()
+
+
+def test_it_follows_a_growing_run(tmp_path):
+    run = make_run(tmp_path / "run", steps=2, groups=1, samples=2, evals=False)
+    s = Served(run)
+    try:
+        assert s.get("/api/metrics").json()["total"] == 2
+        assert s.get("/api/run").json()["summary"]["eval_after"]["score"] == 0.4
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": 2, "reward_mean": 0.5}) + "\n" + '{"step": 3, "rew')  # a torn line
+        got = s.get("/api/metrics", since="2").json()
+        assert got == {"total": 3, "rows": [{"step": 2, "reward_mean": 0.5}]}
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write('ard_mean": 0.75}\n')  # the writer finishes the line
+        assert s.get("/api/metrics", since="3").json()["rows"] == [{"step": 3, "reward_mean": 0.75}]
+        before = s.get("/api/episodes").json()["total"]
+        writer = RolloutWriter(run / "rollouts.jsonl", start_step=2, decode=decode)
+        import random
+        from agentrl.types import Group
+
+        writer.write(2, [Group(9, {"id": "task-9"}, [episode(random.Random(1), 2, 9, 0, 3)])])
+        writer.close()
+        assert s.get("/api/episodes").json()["total"] == before + 1
+        assert s.get("/api/episodes", q="task-9").json()["rows"][0]["turns"] == 3
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward_mean": 1.0}) + "\n")  # a restart
+        assert s.get("/api/metrics").json() == {"total": 1, "rows": [{"step": 0, "reward_mean": 1.0}]}
+    finally:
+        s.close()
+
+
+def test_before_after_pairs_the_first_and_last_eval(served, run_dir):
+    evals = records(run_dir, "eval_episodes.jsonl")
+    got = served.get("/api/compare").json()["tasks"]
+    assert [(p["task_id"], p["before"]["eval"], p["after"]["eval"]) for p in got] == [
+        (f"task--{i}", "before", "after") for i in range(1, 6)]
+    pair = served.get("/api/compare", task="task--3").json()
+    assert pair["before"]["tokens"] == evals[2]["tokens"] and pair["after"]["tokens"] == evals[7]["tokens"]
+    assert served.get("/api/compare", task="nope").status_code == 404
+
+
+def test_the_config_key_samples_groups_and_stops_at_the_cap(tmp_path, caplog):
+    assert load_config(None, ["train.save_rollouts=true"]).train.save_rollouts.sample_groups == "all"
+    off = load_config(None, ["train.save_rollouts=false"]).train.save_rollouts
+    assert (off.sample_groups, off.eval) == (0, False)
+    default = load_config(None, []).train.save_rollouts
+    assert (default.sample_groups, default.max_mb, default.eval) == (4, 200.0, True)
+    import random
+    from agentrl.types import Group
+
+    rng = random.Random(0)
+    groups = [Group(g, {"id": g}, [episode(rng, 0, g, s, 1) for s in range(2)]) for g in range(10)]
+    path = tmp_path / "rollouts.jsonl"
+    with caplog.at_level(logging.INFO, logger="agentrl.rollout.records"):
+        writer = RolloutWriter(path, sample_groups=3, max_bytes=40_000, seed=7)
+        for step in range(20):
+            writer.write(step, groups)
+        writer.close()
+    recs = read_records(path)
+    by_step = {}
+    for r in recs:
+        by_step.setdefault(r["step"], set()).add(r["group_id"])
+    assert all(len(ids) == 3 for ids in by_step.values())  # 3 whole groups a step
+    assert len({frozenset(ids) for ids in by_step.values()}) > 1  # drawn, not the first three every time
+    assert path.stat().st_size <= 40_000 and 1 < len(by_step) < 20
+    assert sum("the cap of train.save_rollouts.max_mb" in r.message for r in caplog.records) == 1
+
+
+def test_loopback_and_the_command_line(tmp_path, capsys):
+    assert _loopback("127.0.0.1") and _loopback("::1") and _loopback("localhost")
+    assert not _loopback("0.0.0.0") and not _loopback("10.1.2.3")
+    from agentrl.view import main
+
+    assert main([str(tmp_path)]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().err
+
+
+# ---- the page, in a real browser ------------------------------------------------------------------
+
+def chromium():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000"):
+        options.add_argument(arg)
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=options)
+
+
+def wait_for(driver, script: str, timeout: float = 30.0):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(lambda d: d.execute_script(script))
+
+
+def test_the_page_in_chromium(served, run_dir, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    shots = Path(os.environ.get("AGENTRL_VIEWER_SHOTS", tmp_path))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = records(run_dir)
+    driver = chromium()
+    try:
+        driver.get(served.url + "/#overview")
+        wait_for(driver, "return document.body.dataset.ready === '1'")
+        for key in ("reward_mean", "success_rate", "policy/trust_masked_frac", "push_pause_s"):
+            points = driver.find_elements(By.CSS_SELECTOR, f'svg[data-key="{key}"] circle.pt')
+            assert len(points) == len(metrics), key
+        first = driver.find_element(By.CSS_SELECTOR, 'svg[data-key="reward_mean"] circle.pt title')
+        assert first.get_attribute("textContent") == f"step 0: {metrics[0]['reward_mean']:.4f}"
+        driver.save_screenshot(str(shots / "viewer-overview.png"))
+
+        driver.get(served.url + "/#episodes")
+        wait_for(driver, "return document.body.dataset.episodesLoaded >= '1'")
+        loaded = driver.execute_script("return document.body.dataset.episodesLoaded")
+        driver.find_element(By.CSS_SELECTOR, '#status-boxes input[value="timeout"]').click()
+        wait_for(driver, f"return document.body.dataset.episodesLoaded !== '{loaded}'")
+        timeouts = [i for i, r in enumerate(recs) if r["status"] == "timeout"]
+        shown = driver.find_elements(By.CSS_SELECTOR, "#episodes tbody tr")
+        assert [int(tr.get_attribute("data-i")) for tr in shown] == timeouts[:50]
+        assert {tr.find_elements(By.TAG_NAME, "td")[3].text for tr in shown} == {"timeout"}
+        assert f"of {len(timeouts)} ({len(recs)} recorded)" in driver.find_element(By.ID, "count").text
+        driver.save_screenshot(str(shots / "viewer-episodes.png"))
+
+        pick = next(i for i in timeouts if len(recs[i]["turns"]) >= 3)
+        driver.find_element(By.CSS_SELECTOR, f'#episodes tbody tr[data-i="{pick}"]').click()
+        wait_for(driver, "return document.querySelectorAll('#episode .ledger .tk').length > 0")
+        rec = recs[pick]
+        tokens = driver.find_elements(By.CSS_SELECTOR, "#episode .ledger .tk")
+        assert [t.text for t in tokens] == decode(rec["tokens"])  # white space kept (pre-wrap)
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#episode .ledger .tk.gen")) == sum(rec["loss_mask"])
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#episode .ledger .turn")) == len(rec["turns"])
+        assert [m.text.split("\n", 1)[1] for m in driver.find_elements(By.CSS_SELECTOR, "#episode .msg")] == [
+            m["content"] for m in rec["messages"]]
+        gen = rec["turns"][1]["start"] + 1
+        token = driver.find_element(By.CSS_SELECTOR, f'.ledger .tk[data-i="{gen}"]')
+        ActionChains(driver).move_to_element(token).perform()
+        tip = driver.find_element(By.ID, "tip")
+        wait_for(driver, f"return document.getElementById('tip').dataset.i === '{gen}'")
+        assert f"behaviour log-prob μ: {rec['logprobs'][gen]:.4f}" in tip.text
+        assert f"version {rec['versions'][gen]}  staleness {rec['step'] - rec['versions'][gen]}" in tip.text
+        colour = token.value_of_css_property("background-color")
+        assert colour not in ("rgba(0, 0, 0, 0)", "transparent")  # a generated token is coloured
+        driver.save_screenshot(str(shots / "viewer-episode.png"))
+
+        driver.get(served.url + "/#compare/task--2")
+        wait_for(driver, "return document.querySelectorAll('#compare-pair .ledger').length === 2")
+        evals = records(run_dir, "eval_episodes.jsonl")
+        sides = driver.find_elements(By.CSS_SELECTOR, "#compare-pair .ledger")
+        assert [len(s.find_elements(By.CSS_SELECTOR, ".tk")) for s in sides] == [len(evals[1]["tokens"]),
+                                                                                 len(evals[6]["tokens"])]
+        assert not math.isnan(float(driver.find_elements(By.CSS_SELECTOR, "#compare-list tbody tr")[1]
+                                    .find_elements(By.TAG_NAME, "td")[2].text.split()[0]))
+        driver.save_screenshot(str(shots / "viewer-compare.png"))
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == []
+    finally:
+        driver.quit()
