@@ -114,12 +114,13 @@ def test_keep_prunes_oldest_and_a_rollback_sets_newer_aside(tmp_path, caplog):
     assert [p.name for p in store.complete()] == ["step_2", "step_3", "step_4"]
     assert not (tmp_path / "checkpoints" / "step_1").exists()
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    (tmp_path / "eval_episodes.jsonl").write_text('{"step": 0}\n{"step": 4}\n')  # the viewer's before/after
     before = (tmp_path / "checkpoints" / "step_4" / "learner" / "weights.bin").read_bytes()
     with caplog.at_level("WARNING"):
         aside = store.set_aside_after(2)  # a run resumed from step 2 abandons steps 3 and 4
     assert store.latest() == tmp_path / "checkpoints" / "step_2"
     assert aside is not None and aside.parent == tmp_path / "checkpoints" and aside.name.startswith("abandoned-")
-    assert sorted(p.name for p in aside.iterdir()) == ["metrics.jsonl", "step_3", "step_4"]
+    assert sorted(p.name for p in aside.iterdir()) == ["eval_episodes.jsonl", "metrics.jsonl", "step_3", "step_4"]
     assert (aside / "step_4" / "learner" / "weights.bin").read_bytes() == before  # kept, not deleted
     assert "step_3, step_4" in caplog.text and str(aside) in caplog.text
     rows = [json.loads(line) for line in (tmp_path / "checkpoints" / "manifest.jsonl").read_text().splitlines()]

@@ -31,7 +31,7 @@ DRIVER_FILE = "driver.json"
 LEARNER_DIR = "learner"
 ABANDONED = "abandoned-"  # + a UTC time: checkpoints a rollback set aside
 # the run's own per-step files, linked into the abandoned folder before the resumed run cuts them back
-RUN_FILES = ("metrics.jsonl", "rollouts.jsonl")
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "eval_episodes.jsonl")
 
 
 class CheckpointWriteError(RuntimeError):
@@ -108,7 +108,7 @@ class CheckpointStore:
 
     def set_aside_after(self, step: int) -> Path | None:
         """Roll back to `step`: the complete checkpoints newer than it move to
-        `checkpoints/abandoned-<UTC time>/` (with links to the run's metrics and rollouts as they were)
+        `checkpoints/abandoned-<UTC time>/` (with links to the run's metrics, rollouts and eval episodes as they were)
         and leave the manifest, so `auto` never jumps forward to them. Nothing is deleted. Returns the
         folder they moved to, or None when there were none."""
         later = [f for f in self.complete() if int(f.name.removeprefix("step_")) > step]
