@@ -7,7 +7,7 @@ RL, and the minutes each took (model preparation included when the cache is cold
     python bench/examples.py --only reasoning_gym --seeds 0,1,2   # the spread over seeds (train.seed, engine.seed)
 
 Each run is a subprocess, `python -m agentrl.train --config examples/agents/<name>.yaml` (the tool
-examples with the reference tool server started first, as the README says), or `bash
+examples with the reference tool server or the code sandbox started first, as the README says), or `bash
 examples/pipeline/run.sh`; its summary.json gives the scores. The examples run one at a time: two at
 once on 2 cores would each take about twice as long. The table goes to stdout (markdown, for the
 README); progress and each run's log tail on failure go to stderr. With `--seeds`, each example runs once per
@@ -31,6 +31,7 @@ from pathlib import Path
 from _common import ROOT, progress, run_logged
 
 TOOL_PORT = 8765
+SANDBOX_PORT = 8766
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Example:
     name: str
     what: str  # what it is there to show
     tool_server: bool = False  # the reference tool server must be up (rewards.servers.tools)
+    sandbox: bool = False  # the code sandbox must be up (rewards.servers.sandbox)
 
     @property
     def config(self) -> str:
@@ -54,6 +56,8 @@ EXAMPLES = (
     Example("reasoning_gym", "a reasoning-gym dataset on SmolLM2-135M"),
     Example("verifiers", "a verifiers environment through the OpenAI endpoint"),
     Example("smollm2_quiz", "a real pretrained model (SmolLM2-135M) on a multi-turn quiz"),
+    Example("code_interpreter", "multi-turn, a Python interpreter in the code sandbox as the tool", sandbox=True),
+    Example("programming", "SmolLM2-135M writes functions, rewarded by hidden tests run in the sandbox", sandbox=True),
 )
 PIPELINE = "pipeline"  # examples/pipeline/run.sh: SFT -> RM -> PPO
 
@@ -68,11 +72,11 @@ def wait_port(port: int, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def tool_server(env: dict[str, str]):
-    proc = subprocess.Popen([sys.executable, "-m", "rewards.servers.tools", "--port", str(TOOL_PORT)], cwd=ROOT,
+def server(env: dict[str, str], module: str = "rewards.servers.tools", port: int = TOOL_PORT):
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port)], cwd=ROOT,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_port(TOOL_PORT)
+        wait_port(port)
         yield
     finally:
         proc.terminate()
@@ -81,7 +85,11 @@ def tool_server(env: dict[str, str]):
 
 def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -> tuple[float, float]:
     cmd = [sys.executable, "-m", "agentrl.train", "--config", ex.config, f"train.out_dir={out}", *extra]
-    with tool_server(env) if ex.tool_server else contextlib.nullcontext():
+    with contextlib.ExitStack() as servers:
+        if ex.tool_server:
+            servers.enter_context(server(env))
+        if ex.sandbox:
+            servers.enter_context(server(env, "rewards.servers.sandbox", SANDBOX_PORT))
         run_logged(cmd, out.with_suffix(".log"), env)
     summary = json.loads((out / "summary.json").read_text())
     return summary["eval_before"]["score"], summary["eval_after"]["score"]

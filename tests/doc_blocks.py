@@ -51,7 +51,8 @@ TINY_PIPELINE = {"RL_STEPS": "2", "SFT_STEPS": "2", "RM_STEPS": "2", "SAMPLES": 
 STEPS = 2
 STAGES = ("agentrl.sft", "agentrl.rm", "agentrl.prm", "agentrl.dpo", "agentrl.kto")
 # Modules that serve HTTP on `--port`, and the GET that answers once they are ready.
-SERVERS = {"agentrl.serve": "/v1/models", "rewards.servers.tools": "/health", "rewards.servers.verifier": "/health"}
+SERVERS = {"agentrl.serve": "/v1/models", "rewards.servers.tools": "/health", "rewards.servers.verifier": "/health",
+           "rewards.servers.sandbox": "/health"}
 
 
 class CannotAdapt(Exception):

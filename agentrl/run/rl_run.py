@@ -40,6 +40,7 @@ from agentrl.config import Config, ConfigError
 from agentrl.data import TaskStream
 from agentrl.telemetry.learning_signal import SignalWatch, filter_streak_limit, signal_metrics, step_signal
 from agentrl.telemetry.metrics import MetricsSink
+from agentrl.telemetry.tool_use import ToolUseWatch, tool_use_metrics
 from agentrl.rollout.failing import unless_failed
 from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes
 from agentrl.run.startup import (Prepared, episode_spec, load_model_format, start_workers, stop_agent_server,
@@ -77,6 +78,7 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     rec.update({f"policy/{k}": v for k, v in metrics[-1].policy.items()})
     rec.update({f"episodes/{k}": v for k, v in pool.status_counts.items()})
     rec.update(pool.tool_stats.metrics())
+    rec.update(tool_use_metrics(rec))
     if pool.scorer is not None:
         rec.update(pool.scorer.metrics())
     if pool.spec.server is not None:
@@ -111,6 +113,7 @@ class RLRun:
         self.max_stale_seen = 0
         self.kept: dict[str, Any] = {}  # what a checkpoint keeps for the final summary (eval_before)
         self.resumed: dict[str, Any] | None = None
+        self.tool_use = ToolUseWatch()  # reward rising while tool calls stop: said once per window
         self.eval_records: Any = None  # eval_episodes.jsonl (agentrl.rollout.records), opened by train()
         self.stop = StopRequest()
         self.saved_step = 0  # the step of the newest checkpoint written or loaded by this process
@@ -316,6 +319,8 @@ class RLRun:
         rec.update(signal_metrics(sig))
         if warning := signal.observe(step, sig):
             log.warning("%s", warning)
+        if warning := self.tool_use.observe(step, rec["reward_mean"], rec["tools/call_episode_frac"]):
+            log.warning("%s", warning)
         if assembly.dropped_ids:
             dropped["stale"] = assembly.dropped_ids
         rec["tasks/dropped"] = dropped
@@ -378,8 +383,8 @@ class RLRun:
         if self.stop.requested:  # during the last step: its checkpoint is written; the rest is for the resume
             await self._stop_here()
         pushes = await sync.drain()
-        return {"max_staleness_seen": self.max_stale_seen, "buffer": buffer.stats(),
-                "final_push_ok": all(p.ok for p in pushes), "learning_signal": signal.summary(),
+        return {"max_staleness_seen": self.max_stale_seen, "buffer": buffer.stats(), "final_push_ok": all(p.ok for p in pushes),
+                "learning_signal": signal.summary(), "tool_use": self.tool_use.summary(),
                 "checkpoint_failures": self.checkpoint_failures}
 
     # -- cleanup ----------------------------------------------------------------------------------
