@@ -187,6 +187,15 @@ class LearnerConfig(OptimConfig):
 
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="training precision")
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    micro_batch_tokens: int | None = Field(
+        None, ge=16, le=1 << 24, description="token budget of a micro-batch: rows sorted by length and grouped so "
+        "each holds about this many tokens, run only up to its own longest row (a longer row runs alone), ranks "
+        "balanced by tokens; None = micro_batch_size rows each, at the batch's longest row (agentrl.learner.packing)")
+    pack_sequences: bool = Field(
+        False, description="with micro_batch_tokens: each micro-batch's rows run as one row, positions restarting "
+        "per sequence and no attention across them (no padding; flash-attention's varlen kernels where installed). "
+        "The critic runs the same rows padded to their longest, and a group's prompt is no longer run once "
+        "(agentrl.learner.shared_prefix)")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per batch (each bumps the version)")
     num_threads: int = Field(1, ge=1, le=256, description="torch threads for the learner")
     reference_offload: bool = Field(False, description="keep the frozen reference's parameters on CPU (ZeRO-3)")
@@ -203,6 +212,13 @@ class LearnerConfig(OptimConfig):
     def _unsup_needs_data(self) -> "LearnerConfig":
         if self.unsup_coef > 0 and not self.unsup_data:
             raise ValueError("learner.unsup_coef > 0 needs learner.unsup_data (a .txt or .jsonl file)")
+        return self
+
+    @model_validator(mode="after")
+    def _packing_needs_budget(self) -> "LearnerConfig":
+        if self.pack_sequences and self.micro_batch_tokens is None:
+            raise ValueError("learner.pack_sequences needs learner.micro_batch_tokens (the tokens one packed row "
+                             "holds), e.g. learner.micro_batch_tokens=4096")
         return self
 
 

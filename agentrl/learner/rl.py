@@ -15,7 +15,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Iterator
 
 import torch
@@ -25,13 +24,14 @@ from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, KLControll
                           aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards, make_kl_controller,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)
 from agentrl.config import AlgoConfig
-from agentrl.learner.dist import gather_rows, init_single_process_dist
-from agentrl.learner.policy_head import head_logprobs
-from agentrl.learner.shared_prefix import MIN_SAVED, scored_logprobs
+from agentrl.learner.dist import init_single_process_dist
+from agentrl.learner.micro_passes import MicroPasses
+from agentrl.learner.packing import Micro, gather_planned, owned_rows, padding_ratio, row_lengths
+from agentrl.learner.shared_prefix import MIN_SAVED
 from agentrl.learner.spec import LearnerSpec
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
-from agentrl.learner.step_parts import accumulate, local_grad_norm, micro_slices, rows_mask, weighted, zero_loss
+from agentrl.learner.step_parts import accumulate, local_grad_norm, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
 
@@ -60,7 +60,7 @@ def kl_controller(algo: AlgoConfig) -> KLController:
     return make_kl_controller(ctl.type, algo.kl.coef)
 
 
-class Learner:
+class Learner(MicroPasses):
     """The actor engine, plus the frozen reference (a KL term: algo.kl), the critic (advantage 'gae'), an EMA
     of the actor (ema_decay > 0) and the unsupervised LM loss (unsup_coef > 0), as configured."""
 
@@ -114,50 +114,10 @@ class Learner:
         self.batches_seen = 0
         self.unsup_drawn = 0  # batches taken from unsup_batches (a resumed run skips as many)
         self.share_min_saved = MIN_SAVED  # a group runs its prompt once when that saves this many multiply-adds
-
-    # -- forward passes ---------------------------------------------------------------------------
-
-    def _forward_logprobs(self, batch: TrainBatch, rows: slice, engine=None, with_entropy: bool = False):
-        """(B, T) log pi of each token, 0 before the scored tail; with_entropy: (logprobs, entropy). A group's
-        common prompt runs once (`shared_prefix`), the head only where a scored token reads it (`logit_tail`)."""
-        entropy_grad = torch.is_grad_enabled() and self.algo.entropy_coef > 0
-        head = partial(head_logprobs, temperature=self.temperature, top_p=self.top_p, with_entropy=with_entropy,
-                       entropy_grad=entropy_grad)
-        ids, attn, scored = (t[rows].to(self.device) for t in (batch.input_ids, batch.attention_mask, batch.loss_mask))
-        logp, entropy = scored_logprobs(engine or self.engine, ids, attn, scored, batch.group_ids[rows], head,
-                                        self.share_min_saved)
-        return (logp, entropy) if with_entropy else logp
-
-    def _forward_values(self, batch: TrainBatch, rows: slice) -> torch.Tensor:
-        """(B, T) V(s_t): the value of the state before token t, read at position t - 1."""
-        ids = batch.input_ids[rows].to(self.device)
-        values = self.critic(input_ids=ids, attention_mask=batch.attention_mask[rows].to(self.device))
-        return torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1).float()
-
-    def _share(self, rows: range) -> range:
-        """This rank's contiguous, equal share of `rows` (the config makes the batch divide evenly)."""
-        size = len(rows) // self.world if self.world > 1 else len(rows)
-        return range(rows.start + self.rank * size, rows.start + (self.rank + 1) * size)
-
-    @torch.no_grad()
-    def _over_micro_batches(self, batch: TrainBatch, fn) -> torch.Tensor:
-        """(B, T) values of `fn` for the whole batch: this rank's rows in micro-batches, the rest gathered."""
-        own = self._share(range(batch.size))
-        out = torch.cat([fn(batch, slice(i, min(i + self.cfg.micro_batch_size, own.stop))).float()
-                         for i in range(own.start, own.stop, self.cfg.micro_batch_size)])
-        return gather_rows(out, self.world).cpu() * batch.loss_mask
-
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """(B, T) log pi_theta for the current weights, computed in micro-batches."""
-        self.engine.eval()
-        return self._over_micro_batches(batch, self._forward_logprobs)
-
-    def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        return self._over_micro_batches(batch, lambda b, rows: self._forward_logprobs(b, rows, self.reference))
-
-    def values(self, batch: TrainBatch) -> torch.Tensor:
-        self.critic.eval()
-        return self._over_micro_batches(batch, self._forward_values)
+        self.n_micro = self.micro_per_mini  # micro-batches of the optimizer step under way (the token plan's count)
+        if cfg.pack_sequences:
+            log.info("learner.pack_sequences: micro-batches run packed, without padding; a group's shared prompt "
+                     "runs once per row (shared-prefix passes are off) and the critic runs its rows padded")
 
     # -- advantages -------------------------------------------------------------------------------
 
@@ -194,31 +154,53 @@ class Learner:
 
     # -- training ---------------------------------------------------------------------------------
 
-    def _actor_micro_step(self, batch: TrainBatch, rows: slice, old_logp: torch.Tensor,
-                          ref_logp: torch.Tensor | None, weight: float, reuse: bool):
-        """(loss to backward, its value, metrics). reuse: pi_prox is this pass's own logp
-        (`reuses_prox`), written into old_logp for the metrics."""
-        logp, entropy = self._forward_logprobs(batch, rows, with_entropy=True)
+    def _actor_micro_step(self, batch: TrainBatch, micro: Micro, old_logp: torch.Tensor,
+                          ref_logp: torch.Tensor | None, weight: float, reuse: bool, taken: torch.Tensor):
+        """(loss to backward, its value, metrics). taken: (2, B, T) where this pass's log pi and entropy go
+        (`_pass_metrics`); reuse: pi_prox is this pass's own logp (`reuses_prox`), written into old_logp."""
+        logp, entropy = self._forward_logprobs(batch, micro, with_entropy=True)
+        rows = micro.rows
         mask = batch.loss_mask[rows].to(self.device)
+        taken[0, rows], taken[1, rows] = ((t.detach().float() * mask).cpu() for t in (logp, entropy))
         if reuse:
-            old_logp[rows] = (logp.detach().float() * mask).cpu()
+            old_logp[rows] = taken[0, rows]
         inputs = PolicyLossInputs(
             logp_BT=logp * mask, old_logp_BT=old_logp[rows].to(self.device),
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
             advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy)
-        loss, metrics = self.loss_fn(inputs, self.algo)
+        loss, metrics = self.loss_fn(inputs, self.algo)[0], {}  # its metrics: over the whole step (`_pass_metrics`)
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl.estimator)
             loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
-            metrics = {**metrics, "kl_ref": float(masked_mean(kl_BT.detach(), mask))}
         # Weighted by the micro-batch's share of the mini-batch's tokens (or rows) over all ranks
         # (`step_parts.accumulate`); DeepSpeed averages gradients over ranks, which `world` undoes.
         loss = loss * weight
         if self.cfg.unsup_coef > 0:
             lm_loss = self._unsup_loss()
-            loss = loss + self.cfg.unsup_coef * lm_loss / (self.micro_per_mini * self.world)
+            loss = loss + self.cfg.unsup_coef * lm_loss / (self.n_micro * self.world)
             metrics = {**metrics, "unsup_loss": float(lm_loss.detach())}
         return loss * self.world, loss.item(), metrics
+
+    @torch.no_grad()
+    def _pass_metrics(self, batch: TrainBatch, rows: range, taken: torch.Tensor, old_logp: torch.Tensor,
+                      ref_logp: torch.Tensor | None, reuse: bool) -> dict[str, float]:
+        """The policy loss's metrics over the whole mini-batch, from the training pass's log pi and entropy
+        (`taken`), gathered from every rank: a micro-batch's is_ess or sequence-level means do not average
+        into the whole's, so metrics do not depend on how rows were grouped or spread over ranks. Reused,
+        pi_prox is gathered into old_logp too."""
+        if self.world > 1:
+            owned = owned_rows(self._plan(batch, rows, train=True))
+            for t in (taken[0], taken[1], *([old_logp] if reuse else [])):
+                t[rows.start:rows.stop] = gather_planned(t[owned[self.rank]].to(self.device), owned, batch.size,
+                                                         self.rank).cpu()[rows.start:rows.stop]
+        sl, mask = slice(rows.start, rows.stop), batch.loss_mask[rows.start:rows.stop]
+        inputs = PolicyLossInputs(logp_BT=taken[0, sl], old_logp_BT=old_logp[sl], behav_logp_BT=batch.behav_logprobs[sl],
+                                  advantages_BT=batch.advantages[sl], mask_BT=mask, entropy_BT=taken[1, sl])
+        metrics = self.loss_fn(inputs, self.algo)[1]
+        if ref_logp is not None and self.algo.kl.type == "loss":
+            kl_BT = kl_estimate(taken[0, sl], ref_logp[sl] * mask, self.algo.kl.estimator)
+            metrics["kl_ref"] = float(masked_mean(kl_BT, mask))
+        return metrics
 
     def _unsup_loss(self) -> torch.Tensor:
         """Next-token cross-entropy on the next batch of unsupervised text (DeepSpeed-Chat's ptx loss)."""
@@ -228,8 +210,8 @@ class Learner:
         target = ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
-    def _critic_micro_step(self, batch: TrainBatch, rows: slice, old_values: torch.Tensor, weight: float):
-        values = self._forward_values(batch, rows)
+    def _critic_micro_step(self, batch: TrainBatch, micro: Micro, old_values: torch.Tensor, weight: float):
+        values, rows = self._forward_values(batch, micro), micro.rows
         mask = batch.loss_mask[rows].to(self.device)
         clip = self.algo.advantage.value_clip or None  # the critic exists only with gae
         loss, metrics = value_loss(values * mask, old_values[rows].to(self.device), batch.returns[rows].to(self.device),
@@ -237,23 +219,32 @@ class Learner:
         return (loss * (weight * self.world), loss.item() * weight,
                 {**metrics, "value_mean": float(masked_mean(values.detach(), mask))})
 
+    def _loss_units(self, engine, mask_NT: torch.Tensor) -> float:
+        """What a micro-batch's loss averages over, so that weighting each by its share of the step's units
+        gives the whole step's loss exactly: tokens (token_mean, the critic), rows with a scored token
+        (seq_mean_*: `aggregate` leaves empty rows out), or rows (constant: divides by B)."""
+        if self.algo.agg == "token_mean" or engine is self.critic:
+            return float(mask_NT.sum())
+        return float(len(mask_NT)) if self.algo.agg == "constant" else float(mask_NT.sum(-1).gt(0).sum())
+
     def _train_engine(self, engine, zero_stage: int, batch: TrainBatch, rows: range, micro_step) -> tuple[float, float, list]:
-        """One optimizer step of `engine` over `rows`: exactly `micro_per_mini` micro-batches on every
-        rank (an empty one backs up a zero loss: ZeRO's collectives need every rank's pass)."""
-        by_tokens = self.algo.agg == "token_mean" or engine is self.critic
-        total = float(batch.loss_mask[rows.start:rows.stop].sum()) if by_tokens else float(len(rows))
+        """One optimizer step of `engine` over `rows`: the same count of micro-batches on every rank (an empty
+        one backs up a zero loss: ZeRO's collectives need every rank's pass). Metrics weigh by scored tokens."""
+        total = self._loss_units(engine, batch.loss_mask[rows.start:rows.stop])
         loss_sum, metric_rows, grad_norm = 0.0, [], float("nan")
-        slices = micro_slices(self._share(rows), self.micro_per_mini)
+        slices = self._plan(batch, rows, train=True, packed=self.cfg.pack_sequences and engine is not self.critic)
+        slices = slices[self.rank]
+        self.n_micro = len(slices)
 
         def micro_loss(k: int) -> torch.Tensor:
             nonlocal loss_sum
-            sl = slices[k]
-            n = float(batch.loss_mask[sl].sum()) if by_tokens else float(sl.stop - sl.start)
-            if sl.stop <= sl.start or n == 0:
-                return zero_loss(engine.module)
-            loss, loss_val, metrics = micro_step(sl, n / max(total, 1.0))
+            micro = slices[k]
+            n = self._loss_units(engine, batch.loss_mask[micro.rows])
+            if micro.empty or n == 0:
+                return self._empty_forward(engine) if self.world > 1 else zero_loss(engine.module)
+            loss, loss_val, metrics = micro_step(micro, n / max(total, 1.0))
             loss_sum += loss_val
-            metric_rows.append((n, metrics))
+            metric_rows.append((float(batch.loss_mask[micro.rows].sum()), metrics))
             return loss
 
         def after_backward(k: int) -> None:
@@ -296,16 +287,18 @@ class Learner:
         for start in range(0, batch.size, per_mini):
             t0 = time.perf_counter()
             rows = range(start, min(start + per_mini, batch.size))
-            loss, grad_norm, metric_rows = 0.0, float("nan"), []
+            loss, grad_norm, metric_rows, whole = 0.0, float("nan"), [], {}
             lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
             if actor_trains:
                 self.engine.train()
+                taken = torch.zeros(2, *batch.behav_logprobs.shape)
                 loss, grad_norm, metric_rows = self._train_engine(
                     self.engine, self.cfg.zero_stage, batch, rows,
-                    lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w, reuse))
+                    lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w, reuse, taken))
+                whole = self._pass_metrics(batch, rows, taken, old_logp, ref_logp, reuse)
                 if self.ema is not None:
                     self.ema.update(self.engine.module)
-            extra = {**shaped, "actor_frozen": float(not actor_trains), "lr": lr, "prox_reused": float(reuse)}
+            extra = {**shaped, **whole, "actor_frozen": float(not actor_trains), "lr": lr, "prox_reused": float(reuse)}
             if self.critic is not None:
                 self.critic.train()
                 vf_loss, vf_norm, vf_rows = self._train_engine(
@@ -314,19 +307,17 @@ class Learner:
                 extra.update({f"critic/{k}": v for k, v in weighted(vf_rows).items()})
                 extra.update({"critic/loss": vf_loss, "critic/grad_norm": vf_norm})
             self.version += 1
-            if start == 0:  # pi_prox before any update (reused: from the first step's pass, this rank's rows)
-                seen = batch.loss_mask * rows_mask(batch.size, self._share(rows) if reuse else range(batch.size))
-                buckets = staleness_buckets(old_logp, batch.behav_logprobs, seen, self.version - 1 - batch.versions,
-                                            self.algo.correction)
+            if start == 0:  # pi_prox before any update (reused: from the first step's pass, gathered)
+                buckets = staleness_buckets(old_logp, batch.behav_logprobs, batch.loss_mask,
+                                            self.version - 1 - batch.versions, self.algo.correction)
+            extra["padding_ratio"] = padding_ratio(self._plan(batch, rows, train=True), row_lengths(batch.attention_mask))
             results.append(StepMetrics(
                 loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
                 policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
-        if kl_after:  # one optimizer step: its pass wrote pi_prox for this rank's rows
-            own = self._share(range(batch.size))
-            full = gather_rows(old_logp[own.start:own.stop].to(self.device), self.world).cpu()
-            results[0].policy.update(self._reference_kl(full, ref_logp, batch.loss_mask))
+        if kl_after:  # one optimizer step: its pass wrote pi_prox (`_pass_metrics` gathered every rank's rows)
+            results[0].policy.update(self._reference_kl(old_logp, ref_logp, batch.loss_mask))
         return results
 
     # -- checkpoints ------------------------------------------------------------------------------

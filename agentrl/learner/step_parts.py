@@ -8,6 +8,7 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 
 def accumulate(engine, n_micro: int, micro_loss: Callable[[int], torch.Tensor],
@@ -45,6 +46,11 @@ def rows_mask(size: int, rows: range) -> torch.Tensor:
     out = torch.zeros(size, 1)
     out[rows.start:rows.stop] = 1.0
     return out
+
+
+def widen(values_NW: torch.Tensor, width: int) -> torch.Tensor:
+    """(N, width): a micro-batch's per-position values, run only up to its longest row, with zero columns after."""
+    return F.pad(values_NW, (0, width - values_NW.shape[1])) if values_NW.shape[1] < width else values_NW
 
 
 def zero_loss(module: torch.nn.Module) -> torch.Tensor:
