@@ -40,12 +40,18 @@ def test_no_kl_term_by_default_and_a_kl_term_needs_its_weight():
     assert error("algo.kl.coef=0.1") == "'algo.kl' needs a type: none | loss | reward; has no type"
 
 
-@pytest.mark.parametrize("old", sorted(MOVED_KEYS))
+@pytest.mark.parametrize("old", sorted(k for k in MOVED_KEYS if k.startswith("algo.")))
 def test_every_old_flat_key_names_its_new_place_in_one_line(old):
     msg = error(f"{old}=1")
     assert msg.startswith(f"{old} moved: use algo.")
     with pytest.raises(ValueError, match=f"{old} moved: use"):  # Python callers get the same answer
         AlgoConfig(**{old.removeprefix("algo."): 1})
+
+
+def test_the_renamed_rollout_key_names_its_new_name():
+    assert sorted(k for k in MOVED_KEYS if not k.startswith("algo.")) == ["rollout.tool_parser"]
+    assert error("rollout.tool_parser=hermes") == ("rollout.tool_parser moved: use rollout.tool_format (the same names: "
+                                                   "hermes, mistral, none, or module:name)")
 
 
 def test_moved_key_message_as_printed():
