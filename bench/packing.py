@@ -2,15 +2,20 @@
 token-budget micro-batches vs packed sequences, side by side on the same batch and model.
 
     python bench/packing.py [--models default,smollm2-135m-instruct] [--batch 8] [--steps 1] [--budget 4096]
+                            [--rollouts RUN_DIR[,RUN_DIR...]]
 
 Profile (b): episode lengths log-normal over a 20x spread (64 to 1,280 tokens: median ~290), a fifth of each
 the prompt, then two generated turns with an env reply between them (the env tokens unscored), groups of 4.
 Each side is a `Learner` on the same weights (`learner.micro_batch_size` rows padded to the batch's longest
 row; `learner.micro_batch_tokens` = --budget; the same with `learner.pack_sequences`); algo defaults
 (decoupled, one optimizer step: pi_prox comes from the training pass, so a step is one forward + backward).
-Steps alternate between the sides after a short warm-up step each, so other jobs' load lands on all of
-them; medians are reported. tokens/s: the batch's real tokens (attention mask) / step wall time; padding:
-tokens computed / real tokens (the learner's `padding_ratio` metric). Goal: SmolLM2 packed or budget
+Profile (a), `--rollouts`: the episodes a real run recorded (its rollouts.jsonl, `train.save_rollouts`; by
+default a sample of each step's groups), step k's trainable episodes as the k-th timed batch, each run's steps
+in turn; token ids are taken modulo the model's vocabulary, so any model can be timed on a run's lengths and
+loss masks (what decides padding and compute), whatever model recorded it.
+Each batch runs on every side in turn after a short warm-up step each, so other jobs' load lands on all of
+them. tokens/s: all timed batches' real tokens (attention mask) / their summed step time; step s: the mean;
+padding: tokens computed / real tokens over all batches (the learner's `padding_ratio` metric). Goal: SmolLM2 packed or budget
 >= 1.5x padded.
 """
 
@@ -25,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import median, progress, resolve_model, table
+from bench._common import progress, resolve_model, table
 
 
 def agent_batch(vocab: int, pad_id: int, batch: int, seed: int, low: int = 64, high: int = 1280):
@@ -49,6 +54,28 @@ def agent_batch(vocab: int, pad_id: int, batch: int, seed: int, low: int = 64, h
             ep.append(tok(after), generated=False)
         episodes.append(ep)
     return TrainBatch.from_episodes(episodes, None, pad_id)
+
+
+def recorded_batches(dirs: list[str], vocab: int, pad_id: int) -> list[tuple[str, object]]:
+    """(label, TrainBatch) per recorded step of each run folder (or rollouts.jsonl), trainable episodes only."""
+    from agentrl.rollout.records import episode_from_record, read_records
+    from agentrl.types import TrainBatch
+
+    out = []
+    for d in dirs:
+        path = Path(d) / "rollouts.jsonl" if Path(d).is_dir() else Path(d)
+        steps: dict[int, list] = {}
+        for rec in read_records(path):
+            ep = episode_from_record(rec)
+            if ep.trainable:
+                ep.tokens = [t % vocab for t in ep.tokens]
+                ep.segments = []  # a segment keeps its own ids: time the current ledgers only
+                steps.setdefault(int(rec["step"]), []).append(ep)
+        out += [(f"{path.parent.name} step {k}", TrainBatch.from_episodes(eps, None, pad_id))
+                for k, eps in sorted(steps.items())]
+    if not out:
+        raise SystemExit(f"no trainable episodes recorded in {dirs}")
+    return out
 
 
 def build(path: str, args: argparse.Namespace, **cfg):
@@ -77,21 +104,26 @@ def run_model(name: str, args: argparse.Namespace) -> list[list[str]]:
     warm = agent_batch(vocab, pad, 4, seed=99, low=32, high=64)
     for side, learner in learners.items():
         learner.step(warm)
-    times: dict[str, list[float]] = {side: [] for side in sides}
-    ratio: dict[str, float] = {}
+    if args.rollouts:
+        batches = recorded_batches(args.rollouts.split(","), vocab, pad)
+    else:
+        batches = [(f"profile (b) {k}", agent_batch(vocab, pad, args.batch, seed=k)) for k in range(args.steps)]
+    # tokens/s over all timed batches (real tokens / seconds), padding over all of them (computed / real)
+    seconds = {side: 0.0 for side in sides}
+    computed = {side: 0.0 for side in sides}
     tokens = 0
-    for k in range(args.steps):
+    for label, batch in batches:
+        real = int(batch.attention_mask.sum())
+        tokens += real
         for side, learner in learners.items():
-            batch = agent_batch(vocab, pad, args.batch, seed=k)
-            tokens = int(batch.attention_mask.sum())
             t0 = time.perf_counter()
             (m,) = learner.step(batch)
-            times[side].append(time.perf_counter() - t0)
-            ratio[side] = m.policy["padding_ratio"]
-            progress(f"{name} {side}: step {k} {times[side][-1]:.1f} s, padding x{ratio[side]:.2f}")
-    base = tokens / median(times["padded"]) if "padded" in times else float("nan")
-    return [[name, side, f"{ratio[side]:.2f}", f"{median(times[side]):.1f}", f"{tokens / median(times[side]):.0f}",
-             f"{tokens / median(times[side]) / base:.2f}x"] for side in sides]
+            seconds[side] += time.perf_counter() - t0
+            computed[side] += m.policy["padding_ratio"] * real
+            progress(f"{name} {side}: {label} {time.perf_counter() - t0:.1f} s, padding x{m.policy['padding_ratio']:.2f}")
+    base = tokens / seconds["padded"] if "padded" in seconds else float("nan")
+    return [[name, side, f"{computed[side] / tokens:.2f}", f"{seconds[side] / len(batches):.2f}",
+             f"{tokens / seconds[side]:.0f}", f"{tokens / seconds[side] / base:.2f}x"] for side in sides]
 
 
 def main() -> None:
@@ -103,13 +135,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1, help="timed steps per side")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sides", default="padded,token,packed", help="which sides to run (a subset of the three)")
+    ap.add_argument("--rollouts", default="", help="profile (a): comma-separated run folders (rollouts.jsonl)")
     args = ap.parse_args()
     rows = []
     for name in args.models.split(","):
         rows += run_model(name, args)
+    what = (f"recorded batches of {args.rollouts}" if args.rollouts else
+            f"profile (b): {args.batch} episodes of 64-1280 tokens (log-normal)")
     print(table(["model", "micro-batches", "computed/real tokens", "step s", "tokens/s", "vs padded"], rows,
-                title=f"learner on profile (b): {args.batch} episodes of 64-1280 tokens (log-normal), "
-                      f"padded {args.micro_rows} rows / budget {args.budget} tokens"))
+                title=f"learner on {what}, padded {args.micro_rows} rows / budget {args.budget} tokens"))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ generation pause as a share of one learner step. Pure arithmetic, standard libra
         [--learner-gpus 4] [--engine-tp 1] [--colocate] [--pcie-GBps 25] [--nvlink-GBps 450]
         [--net-Gbps 400] [--memcpy-GBps 10] [--hbm-GBps 3350] [--tokens-per-step 4194304] [--mfu 0.4]
         [--bucket-bytes 1073741824] [--bucket-latency-us 50] [--table] [--cpu-check ...]
+    python bench/scale_model.py --packing [--params 7.6e9] [--gpus-per-node 8] [--mfu 0.4]
+
+`--packing` prints instead the learner step on ragged episodes (8k +- 6k tokens), padded vs token-budget
+vs packed (bench/_packing_model.py has its equations).
 
 With no `--params` (or with `--table`) it prints 0.5B, 7B and 32B (bf16) on the given node, then the
 same model evaluated for this CPU machine (`--cpu-check` prints only that part).
@@ -305,6 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--bucket-latency-us", type=float, default=BUCKET_LATENCY_S * 1e6)
     add("--table", action="store_true", help="print the 0.5B/7B/32B table (the default without --params)")
     add("--cpu-check", action="store_true", help="only the model of this CPU machine")
+    add("--packing", action="store_true", help="the learner step on ragged episodes, padded vs packed")
     add("--cpu-dtype-bytes", type=float, default=CPU_DTYPE_BYTES, help="bytes per weight in the CPU check")
     add("--loopback-GBps", type=float, default=LOOPBACK_GBPS, help="loopback TCP GB/s (CPU collective)")
     add("--measured-file-pause-s", type=float, default=None)
@@ -314,6 +319,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
+    if a.packing:
+        from _packing_model import PackingCase, print_packing  # beside this file: the script's folder is on sys.path
+
+        print_packing(PackingCase(**({"params": a.params} if a.params else {}), gpus=a.gpus_per_node,
+                                  peak_flops=a.peak_flops, mfu=a.mfu))
+        return
     if a.cpu_check:
         print_cpu_check(a)
         return

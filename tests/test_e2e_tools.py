@@ -125,3 +125,25 @@ def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_
         assert ep["loss_mask"] == [int(i in gen) for i in range(len(ep["tokens"]))]
     for ep in rollouts:
         assert not ep["segments"] and all(v >= 0 for v, m in zip(ep["versions"], ep["loss_mask"]) if m)
+    check_learner_values(rollouts, records)
+
+
+def check_learner_values(rollouts: list[dict], metrics: list[dict]) -> None:
+    """The learner's per-token values beside each trained episode (for the viewer): the advantage is GRPO's
+    of the group's rewards (A = (r - mean) / (unbiased std + 1e-6)) on every scored token, and
+    mean |learner log pi - mu| over a step's scored tokens is the step's mismatch_abs (pi_prox is the
+    training pass's log pi here: decoupled, one optimizer step). Values are written to 4 decimals."""
+    for step, rec in enumerate(metrics):
+        eps = [ep for ep in rollouts if ep["step"] == step and "advantages" in ep]
+        assert eps and all(ep["status"] in ("ok", "truncated") for ep in eps)
+        for gid in {ep["group_id"] for ep in eps}:
+            group = [ep for ep in eps if ep["group_id"] == gid]
+            rewards = [ep["reward"] for ep in group]
+            mean = sum(rewards) / len(rewards)
+            std = (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5
+            for ep, r in zip(group, rewards):
+                scored = [a for a, m in zip(ep["advantages"], ep["loss_mask"]) if m]
+                assert scored and all(abs(a - (r - mean) / (std + 1e-6)) < 1e-4 for a in scored)
+                assert all(a is None for a, m in zip(ep["advantages"], ep["loss_mask"]) if not m)
+        gaps = [abs(p - mu) for ep in eps for p, mu, m in zip(ep["learner_logprobs"], ep["logprobs"], ep["loss_mask"]) if m]
+        assert sum(gaps) / len(gaps) == pytest.approx(rec["policy/mismatch_abs"], abs=2e-4)

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from agentrl.config import load_config
 from agentrl.rollout.records import RolloutWriter, read_records
 from agentrl.telemetry.viewer import Viewer, _loopback
+from agentrl.types import Episode, TrainBatch
 from viewer_run import decode, episode, make_run
 
 
@@ -224,6 +226,7 @@ def wait_for(driver, script: str, timeout: float = 30.0):
 def test_the_page_in_chromium(served, run_dir, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     shots = Path(os.environ.get("AGENTRL_VIEWER_SHOTS", tmp_path))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -270,6 +273,20 @@ def test_the_page_in_chromium(served, run_dir, tmp_path):
         assert f"version {rec['versions'][gen]}  staleness {rec['step'] - rec['versions'][gen]}" in tip.text
         colour = token.value_of_css_property("background-color")
         assert colour not in ("rgba(0, 0, 0, 0)", "transparent")  # a generated token is coloured
+        # A trained episode: the learner's values beside it, coloured by pi - mu and shown on hover.
+        pick = next(i for i, r in enumerate(recs) if "advantages" in r and len(r["turns"]) >= 2)
+        rec, gen = recs[pick], recs[pick]["turns"][1]["start"]
+        driver.get(served.url + f"/#episode/train/{pick}")
+        wait_for(driver, "return document.querySelectorAll('#episode .ledger .tk').length > 0")
+        Select(driver.find_element(By.ID, "colour-by")).select_by_value("pimu")
+        token = driver.find_element(By.CSS_SELECTOR, f'.ledger .tk[data-i="{gen}"]')
+        assert token.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
+        ActionChains(driver).move_to_element(token).perform()
+        wait_for(driver, f"return document.getElementById('tip').dataset.i === '{gen}'")
+        tip = driver.find_element(By.ID, "tip").text
+        gap = rec["learner_logprobs"][gen] - rec["logprobs"][gen]
+        assert f"π − μ (learner − behaviour log-prob): {gap:.4f}" in tip
+        assert f"advantage {rec['advantages'][gen]:.4f}  learner π {rec['learner_logprobs'][gen]:.4f}" in tip
         driver.save_screenshot(str(shots / "viewer-episode.png"))
 
         driver.get(served.url + "/#compare/task--2")
@@ -285,3 +302,24 @@ def test_the_page_in_chromium(served, run_dir, tmp_path):
         assert errors == []
     finally:
         driver.quit()
+
+
+def test_learner_values_follow_the_batch_rows():
+    """`learner_values` maps the learner's (B, T) rows back to episodes as `TrainBatch.from_episodes` laid
+    them out: an episode with a closed segment owns two rows and its record gets the second (its current
+    ledger); unscored positions are None; values rounded to 4 decimals."""
+    from agentrl.rollout.records import learner_values
+
+    a = Episode(task_id="a", group_id=0)
+    a.append([1, 2], generated=False)
+    a.append([3, 4], generated=True, logprobs=[-1.0, -2.0], versions=[0, 0])
+    b = Episode(task_id="b", group_id=0)
+    b.append([5, 6, 7], generated=True, logprobs=[-1.0] * 3, versions=[0] * 3)
+    b.start_segment("rewritten")
+    b.append([8], generated=False)
+    b.append([9], generated=True, logprobs=[-0.5], versions=[1])
+    batch = TrainBatch.from_episodes([a, b], None, pad_id=0)
+    assert batch.size == 3
+    adv = torch.tensor([[0.0, 0.0, 1.23456, 1.23456], [9.0, 9.0, 9.0, 0.0], [0.0, -0.5, 0.0, 0.0]])
+    out = learner_values([a, b], {"advantages": adv, "learner_logprobs": None})
+    assert out == {id(a): {"advantages": [None, None, 1.2346, 1.2346]}, id(b): {"advantages": [None, -0.5]}}

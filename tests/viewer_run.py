@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import torch
+
 from agentrl.rollout.records import RolloutWriter
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.types import Episode, Group, Turn
@@ -48,6 +50,19 @@ def episode(rng: random.Random, step: int, group: int, sample: int, turns: int) 
     return ep
 
 
+def learner_tensors(rng: random.Random, trained: list[Episode]) -> dict[str, torch.Tensor]:
+    """(B, T) per-token values as the learner returns them (`StepMetrics.token_values`): an advantage per
+    row, and log pi = mu + a drift in (-0.5, 0.5) on scored tokens."""
+    T = max(len(e.tokens) for e in trained)
+    adv, logp = torch.zeros(len(trained), T), torch.zeros(len(trained), T)
+    for b, e in enumerate(trained):
+        mask = torch.tensor(e.loss_mask, dtype=torch.float)
+        adv[b, :len(e.tokens)] = round(rng.uniform(-2, 2), 3) * mask
+        drift = torch.tensor([rng.uniform(-0.5, 0.5) for _ in e.tokens])
+        logp[b, :len(e.tokens)] = (torch.tensor(e.logprobs) + drift) * mask
+    return {"advantages": adv, "learner_logprobs": logp}
+
+
 def make_run(out: Path, steps: int = 6, groups: int = 4, samples: int = 4, seed: int = 0,
              evals: bool = True) -> Path:
     """A finished run of `steps` steps with `groups` groups of `samples` episodes per step, every group
@@ -68,7 +83,8 @@ def make_run(out: Path, steps: int = 6, groups: int = 4, samples: int = 4, seed:
                   "success_rate": sum(e.success for e in eps) / len(eps), "staleness_max": min(step, 2),
                   "policy/trust_masked_frac": rng.random() * 0.1, "push_pause_s": 0.01 * (step + 1),
                   "rollout_tokens_per_s": 100.0 + step})
-        writer.write(step, batch)
+        trained = [e for e in eps if e.trainable]
+        writer.write(step, batch, trained, learner_tensors(rng, trained))
     if ev is not None:
         ev.write_eval(steps, "after", [episode(rng, steps, -1 - i, 0, 2) for i in range(5)])
         ev.close()

@@ -125,7 +125,7 @@ def merge_rank_metrics(per_rank: list[list[StepMetrics]]) -> list[StepMetrics]:
             loss=sum(m.loss for m in steps), grad_norm=first.grad_norm,
             step_time_s=max(m.step_time_s for m in steps), n_episodes=first.n_episodes,
             n_tokens=first.n_tokens, policy=weighted([(m.share, m.policy) for m in steps]),
-            share=sum(m.share for m in steps)))
+            share=sum(m.share for m in steps), token_values=first.token_values))  # the same on every rank
     return merged
 
 

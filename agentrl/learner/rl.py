@@ -20,10 +20,9 @@ from typing import Iterator
 import torch
 
 from agentrl.utils import faults
-from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, KLController, PolicyLossInputs, RunningMoments,
-                          aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards, make_kl_controller,
+from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossInputs, RunningMoments,
+                          aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)
-from agentrl.config import AlgoConfig
 from agentrl.learner.dist import init_single_process_dist
 from agentrl.learner.micro_passes import MicroPasses
 from agentrl.learner.packing import Micro, gather_planned, owned_rows, padding_ratio, row_lengths
@@ -31,7 +30,7 @@ from agentrl.learner.shared_prefix import MIN_SAVED
 from agentrl.learner.spec import LearnerSpec
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
-from agentrl.learner.step_parts import accumulate, local_grad_norm, weighted, zero_loss
+from agentrl.learner.step_parts import accumulate, kl_controller, local_grad_norm, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
 
@@ -47,17 +46,9 @@ class StepMetrics:
     n_tokens: int
     policy: dict[str, float]
     share: float = 1.0  # this rank's part of the step's tokens (or rows): how rank metrics are merged
-
-
-def kl_controller(algo: AlgoConfig) -> KLController:
-    """The KL weight's controller (algo.kl.controller); without a KL term a fixed weight 0, kept so the
-    checkpoint's state has the same shape."""
-    if not algo.has_kl:
-        return make_kl_controller("fixed", 0.0)
-    ctl = algo.kl.controller
-    if ctl.type == "adaptive":
-        return make_kl_controller("adaptive", algo.kl.coef, ctl.target, ctl.horizon)
-    return make_kl_controller(ctl.type, algo.kl.coef)
+    # (B, T) per token, for the run viewer (rollouts.jsonl), on a step's first StepMetrics: "advantages", and
+    # "learner_logprobs", log pi at the pass that trained the token (pi - mu: how far the learner has moved)
+    token_values: dict[str, torch.Tensor] | None = None
 
 
 class Learner(MicroPasses):
@@ -282,7 +273,7 @@ class Learner(MicroPasses):
         if batch.advantages is None:
             shaped = self.advantages(batch, old_logp, None if kl_after else ref_logp, old_values)
         self.batches_seen += 1
-        results, buckets = [], {}
+        results, buckets, learner_logp = [], {}, torch.zeros_like(batch.behav_logprobs)
         per_mini = math.ceil(batch.size / self.cfg.mini_batches)
         for start in range(0, batch.size, per_mini):
             t0 = time.perf_counter()
@@ -296,6 +287,7 @@ class Learner(MicroPasses):
                     self.engine, self.cfg.zero_stage, batch, rows,
                     lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w, reuse, taken))
                 whole = self._pass_metrics(batch, rows, taken, old_logp, ref_logp, reuse)
+                learner_logp[start:rows.stop] = taken[0, start:rows.stop]  # every rank's rows: gathered above
                 if self.ema is not None:
                     self.ema.update(self.engine.module)
             extra = {**shaped, **whole, "actor_frozen": float(not actor_trains), "lr": lr, "prox_reused": float(reuse)}
@@ -316,6 +308,8 @@ class Learner(MicroPasses):
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
                 policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
+        results[0].token_values = {"advantages": batch.advantages,
+                                   **({"learner_logprobs": learner_logp} if actor_trains else {})}
         if kl_after:  # one optimizer step: its pass wrote pi_prox (`_pass_metrics` gathered every rank's rows)
             results[0].policy.update(self._reference_kl(old_logp, ref_logp, batch.loss_mask))
         return results

@@ -1,6 +1,6 @@
 """Small pieces of a learner step: gradient accumulation (the one routine the RL learner and the
 stages share), the local gradient norm, an empty micro-step's loss, the mask of a rank's rows, and how
-per-micro-batch (or per-rank) metrics combine."""
+per-micro-batch (or per-rank) metrics combine; the KL weight's controller."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from agentrl.algo import KLController, make_kl_controller
+from agentrl.config import AlgoConfig
 
 
 def accumulate(engine, n_micro: int, micro_loss: Callable[[int], torch.Tensor],
@@ -73,3 +76,14 @@ def weighted(rows: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
         else:
             out[key] = sum(n * m.get(key, 0.0) for n, m in rows) / total
     return out
+
+
+def kl_controller(algo: AlgoConfig) -> KLController:
+    """The KL weight's controller (algo.kl.controller); without a KL term a fixed weight 0, kept so the
+    checkpoint's state has the same shape."""
+    if not algo.has_kl:
+        return make_kl_controller("fixed", 0.0)
+    ctl = algo.kl.controller
+    if ctl.type == "adaptive":
+        return make_kl_controller("adaptive", algo.kl.coef, ctl.target, ctl.horizon)
+    return make_kl_controller(ctl.type, algo.kl.coef)

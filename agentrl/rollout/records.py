@@ -107,6 +107,20 @@ def _check_record(path: str | os.PathLike, number: int, record: Any) -> None:
         raise DataError(f"{path}:{number}: record has no {missing[0]!r} key")
 
 
+def learner_values(trained: list[Episode], token_values: dict[str, Any]) -> dict[int, dict[str, list]]:
+    """id(episode) -> {name: per-token list over its current ledger} from the learner's (B, T) tensors, whose
+    rows are the episodes' `rows()` in order (`TrainBatch.from_episodes`): an episode's current ledger is its
+    last row. Rounded to 4 decimals (a colour and a hover, not a replay); None where not scored."""
+    out: dict[int, dict[str, list]] = {}
+    row = 0
+    for ep in trained:
+        row += len(ep.rows())
+        out[id(ep)] = {name: [round(float(v), 4) if m else None for v, m in zip(t[row - 1, :len(ep.tokens)].tolist(),
+                                                                               ep.loss_mask)]
+                       for name, t in token_values.items() if t is not None}
+    return out
+
+
 class RolloutWriter:
     """Appends one record per written episode to a JSON-lines file, one flush per step: a seeded random
     sample of `sample_groups` groups per step (None = all), until the file holds `max_bytes` (0 = no cap)."""
@@ -143,8 +157,14 @@ class RolloutWriter:
         record.update(extra)
         return json.dumps(record, allow_nan=False, ensure_ascii=False)
 
-    def write(self, step: int, groups: list[Group]) -> None:
-        self._write([self._record(ep, step, g.task, {}) for g in self._sample(step, groups) for ep in g.episodes])
+    def write(self, step: int, groups: list[Group], trained: list[Episode] | None = None,
+              token_values: dict[str, Any] | None = None) -> None:
+        """A sample of the step's groups. `trained`, `token_values`: the batch's episodes in row order and the
+        learner's (B, T) per-token values (`StepMetrics.token_values`), written beside each trained episode's
+        current ledger (`learner_values`); an episode the batch left out (a failure) has none."""
+        values = learner_values(trained or [], token_values or {})
+        self._write([self._record(ep, step, g.task, values.get(id(ep), {}))
+                     for g in self._sample(step, groups) for ep in g.episodes])
 
     def write_eval(self, step: int, label: str, episodes: list[Episode]) -> None:
         """A held-out evaluation's episodes (`label`: before, during or after RL), all of them."""

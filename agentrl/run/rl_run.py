@@ -370,7 +370,7 @@ class RLRun:
                 self._account_tasks(step, rec, assembly, signal)
                 sink.log(rec)
                 if rollouts is not None:
-                    rollouts.write(step, assembly.groups)
+                    rollouts.write(step, assembly.groups, assembly.episodes, metrics[0].token_values)
                 self.step = step + 1
                 if self._checkpoint_due(step) or (self.stop.requested and self.step > self.saved_step):
                     await self.save_checkpoint(step + 1, rec["elapsed_s"])  # generation goes on meanwhile

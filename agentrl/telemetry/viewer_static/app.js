@@ -152,13 +152,14 @@ const QUANTITIES = {
   staleness: ["staleness (step − version)", (e, i) => e.staleness[i]],
   masked: ["trained (loss mask)", (e, i) => e.loss_mask[i]],
   advantage: ["advantage", (e, i) => (e.advantages ? e.advantages[i] : null)],
+  pimu: ["π − μ (learner − behaviour log-prob)", (e, i) => (e.learner_logprobs && e.learner_logprobs[i] !== null && e.logprobs[i] !== null ? e.learner_logprobs[i] - e.logprobs[i] : null)],
 };
 
 function colour(q, v, lo, hi) {
   if (v === null || v === undefined) return "";
   if (q === "masked") return v ? "hsl(220 80% 86%)" : "";
   const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;  // 0..1 across the episode's range
-  if (q === "advantage") return v >= 0 ? `hsl(140 60% ${92 - 36 * Math.min(1, v / Math.max(hi, 1e-9))}%)` : `hsl(0 75% ${92 - 36 * Math.min(1, v / Math.min(lo, -1e-9))}%)`;
+  if (q === "advantage" || q === "pimu") return v >= 0 ? `hsl(140 60% ${92 - 36 * Math.min(1, v / Math.max(hi, 1e-9))}%)` : `hsl(0 75% ${92 - 36 * Math.min(1, v / Math.min(lo, -1e-9))}%)`;
   if (q === "staleness") return `hsl(${120 - 120 * t} 70% 78%)`;
   if (q === "version") return `hsl(${200 + 80 * t} 60% 82%)`;
   return `hsl(${120 * t} 70% 78%)`;  // mu, prob: red = unlikely under the behaviour policy, green = likely
@@ -199,8 +200,10 @@ function showTip(ev, e, q) {
   const i = Number(span.dataset.i);
   const lines = [`#${i} ${JSON.stringify(tokenText(e, i))} id ${e.tokens[i]}`,
     `${QUANTITIES[q][0]}: ${fmt(QUANTITIES[q][1](e, i), 4)}`];
-  if (e.loss_mask[i]) lines.push(`μ ${fmt(e.logprobs[i], 4)}  version ${e.versions[i]}  staleness ${fmt(e.staleness[i])}`);
-  else lines.push("context (prompt, env or tool reply): not trained");
+  if (e.loss_mask[i]) {
+    lines.push(`μ ${fmt(e.logprobs[i], 4)}  version ${e.versions[i]}  staleness ${fmt(e.staleness[i])}`);
+    if (e.advantages || e.learner_logprobs) lines.push(`advantage ${fmt(e.advantages ? e.advantages[i] : null, 4)}  learner π ${fmt(e.learner_logprobs ? e.learner_logprobs[i] : null, 4)}`);
+  } else lines.push("context (prompt, env or tool reply): not trained");
   tip.textContent = lines.join("\n");
   tip.dataset.i = String(i);
   tip.hidden = false;
