@@ -81,8 +81,11 @@ def test_summary_json_and_metrics_hold_no_key(tmp_path, monkeypatch):
     sink.log({"step": 0, "reward_mean": 0.5, "note": f"Bearer {KEY}"})  # a record quoting it by accident
     # what run.py writes: the config's dump, plus a SecretStr handed in by other code
     path = sink.write_summary({"model": "m", "config": cfg.model_dump(), "extra": SecretStr(KEY)})
-    text = path.read_text() + (tmp_path / "metrics.jsonl").read_text()
+    text = "".join(f.read_text() for f in tmp_path.iterdir() if f.suffix in (".json", ".jsonl"))
+    assert {f.name for f in tmp_path.iterdir() if f.suffix in (".json", ".jsonl")} == {
+        "summary.json", "metrics.jsonl", "config.json"}
     summary = json.loads(path.read_text())
+    assert json.loads((tmp_path / "config.json").read_text())["server"]["api_key"] == REDACTED
     assert KEY not in text
     assert summary["config"]["server"]["api_key"] == REDACTED and summary["extra"] == REDACTED
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["note"] == f"Bearer {REDACTED}"

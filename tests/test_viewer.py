@@ -323,3 +323,21 @@ def test_learner_values_follow_the_batch_rows():
     adv = torch.tensor([[0.0, 0.0, 1.23456, 1.23456], [9.0, 9.0, 9.0, 0.0], [0.0, -0.5, 0.0, 0.0]])
     out = learner_values([a, b], {"advantages": adv, "learner_logprobs": None})
     assert out == {id(a): {"advantages": [None, None, 1.2346, 1.2346]}, id(b): {"advantages": [None, -0.5]}}
+
+
+def test_a_running_run_shows_its_config(tmp_path):
+    """Before summary.json exists, the page's config comes from config.json, which the run's sink writes
+    when training starts (the same dump summary.json gets, secrets masked: tests/test_secrets.py)."""
+    from agentrl.telemetry.metrics import MetricsSink
+
+    cfg = load_config(None, [f"train.out_dir={tmp_path / 'run'}"])
+    sink = MetricsSink(tmp_path / "run", 5, show=False, run_config=cfg.model_dump())
+    sink.log({"step": 0, "reward_mean": 0.25})
+    s = Served(tmp_path / "run")
+    try:
+        got = s.get("/api/run").json()
+        assert got["summary"] is None and got["config"]["train"]["steps"] == cfg.train.steps
+        assert got["config"]["train"]["out_dir"] == str(tmp_path / "run")
+    finally:
+        s.close()
+        sink.close()

@@ -187,6 +187,8 @@ class MetricsSink:
         self.path = self.dir / "metrics.jsonl"
         # Trackers first: a missing package fails the run before metrics.jsonl is touched.
         self.trackers = make_trackers(loggers, self.dir, start_step, wandb_project, run_config)
+        if run_config is not None:  # the config from the first step on (agentrl.view reads a running run's)
+            atomic_write(self.dir / "config.json", json.dumps(_clean(run_config), indent=2) + "\n")
         restart_jsonl_at(self.path, start_step)
         self._file = self.path.open("a")
         self._next_step = start_step

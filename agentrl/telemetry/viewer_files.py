@@ -172,12 +172,19 @@ class RunFiles:
         self.evals.refresh()
 
     def summary(self) -> dict[str, Any] | None:
-        path = inside(self.root, "summary.json")
+        return self._json("summary.json")
+
+    def config(self) -> dict[str, Any] | None:
+        """The run's config.json (written when training starts, secrets masked), or None."""
+        return self._json("config.json")
+
+    def _json(self, name: str) -> dict[str, Any] | None:
+        path = inside(self.root, name)
         if path is None:
             return None
         try:
             value = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:  # being replaced: summary.json is written atomically, so only a foreign file
+        except ValueError:  # both files are written atomically, so only a foreign file
             return None
         return value if isinstance(value, dict) else None
 
