@@ -159,7 +159,12 @@ function colour(q, v, lo, hi) {
   if (v === null || v === undefined) return "";
   if (q === "masked") return v ? "hsl(220 80% 86%)" : "";
   const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;  // 0..1 across the episode's range
-  if (q === "advantage" || q === "pimu") return v >= 0 ? `hsl(140 60% ${92 - 36 * Math.min(1, v / Math.max(hi, 1e-9))}%)` : `hsl(0 75% ${92 - 36 * Math.min(1, v / Math.min(lo, -1e-9))}%)`;
+  if (q === "advantage" || q === "pimu") {
+    // Diverging around 0, scaled by the episode's largest |value|; pi - mu at least 0.1 nats full scale, so
+    // float noise between engine and learner (1e-5) stays white instead of filling the scale.
+    const scale = Math.max(Math.abs(lo), Math.abs(hi), q === "pimu" ? 0.1 : 1e-9);
+    return `hsl(${v >= 0 ? "140 60%" : "0 75%"} ${92 - 36 * Math.min(1, Math.abs(v) / scale)}%)`;
+  }
   if (q === "staleness") return `hsl(${120 - 120 * t} 70% 78%)`;
   if (q === "version") return `hsl(${200 + 80 * t} 60% 82%)`;
   return `hsl(${120 * t} 70% 78%)`;  // mu, prob: red = unlikely under the behaviour policy, green = likely
