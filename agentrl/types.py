@@ -74,6 +74,9 @@ class Episode:
     info: dict[str, Any] = field(default_factory=dict)
     success: bool = False  # env-reported task success (for the success-rate metric)
     segments: list[Segment] = field(default_factory=list)  # closed segments, oldest first
+    # log pi_teacher(tokens[t] | tokens[:t]) per row of `rows()`, aligned with its tokens (0.0 at t = 0),
+    # when a teacher on an engine of its own scored the finished episode (algo.teacher placement engine)
+    teacher_logprobs: list[list[float]] | None = None
 
     def append(self, token_ids: list[int], *, generated: bool, logprobs: list[float] | None = None,
                versions: list[int] | None = None) -> None:
@@ -146,6 +149,9 @@ class TrainBatch:
     rewards: torch.Tensor  # (B,) float
     group_ids: torch.Tensor  # (B,) long, episodes of one task share an id
     returns: torch.Tensor | None = None  # (B, T) critic targets, set with the advantages under gae
+    # (B, T) log pi_teacher of each token (algo.teacher), 0 where loss_mask == 0: from the episodes
+    # (placement engine) or filled by the learner (placement learner)
+    teacher_logprobs: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -168,4 +174,7 @@ class TrainBatch:
         adv = None if advantages_B is None else advantages_B.float()[owner].view(B, 1) * mask
         rewards = torch.tensor([episodes[i].reward for i, _ in owners], dtype=torch.float)
         groups = torch.tensor([episodes[i].group_id for i, _ in owners], dtype=torch.long)
-        return TrainBatch(ids, attn, mask, mu, adv, ver, rewards, groups)
+        teacher = None
+        if episodes and all(e.teacher_logprobs is not None for e in episodes):
+            teacher = pad_right([t for e in episodes for t in e.teacher_logprobs], 0.0, torch.float32, T) * mask
+        return TrainBatch(ids, attn, mask, mu, adv, ver, rewards, groups, teacher_logprobs=teacher)

@@ -106,6 +106,7 @@ def run_model(name: str, args: argparse.Namespace) -> list[list[str]]:
         learner.step(warm)
     if args.rollouts:
         batches = recorded_batches(args.rollouts.split(","), vocab, pad)
+        batches = batches[::max(1, len(batches) // args.steps)][:args.steps]  # --steps of them, over the whole run
     else:
         batches = [(f"profile (b) {k}", agent_batch(vocab, pad, args.batch, seed=k)) for k in range(args.steps)]
     # tokens/s over all timed batches (real tokens / seconds), padding over all of them (computed / real)
@@ -132,7 +133,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8, help="episodes per learner step")
     ap.add_argument("--micro-rows", type=int, default=4, help="padded side: learner.micro_batch_size")
     ap.add_argument("--budget", type=int, default=4096, help="learner.micro_batch_tokens of the other sides")
-    ap.add_argument("--steps", type=int, default=1, help="timed steps per side")
+    ap.add_argument("--steps", type=int, default=1, help="timed steps per side (--rollouts: recorded steps, spread)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sides", default="padded,token,packed", help="which sides to run (a subset of the three)")
     ap.add_argument("--rollouts", default="", help="profile (a): comma-separated run folders (rollouts.jsonl)")

@@ -1,5 +1,5 @@
 """Pure RL math over tensors (imports only torch): advantage estimators, policy losses, corrections,
-reward shaping, KL control, and the preference (DPO, IPO, KTO) and reward-model losses.
+reward shaping, KL control, on-policy distillation, and the preference (DPO, IPO, KTO) and reward-model losses.
 
 Call sites pick an entry from a registry by its config name and call it with one typed input:
     ADVANTAGES[name](AdvantageInputs(...)) -> AdvantageOutput
@@ -9,6 +9,7 @@ Call sites pick an entry from a registry by its config name and call it with one
 """
 
 from .advantages import ADVANTAGES, AdvantageInputs, AdvantageOutput, register_advantage
+from . import turn_baseline  # noqa: F401  (registers the turn_grpo estimator)
 from .correction import (CorrectionSettings, ImportanceWeights, TrustRegionSettings, behaviour_trust_mask, correction_metrics, importance_weights,
                          masked_mean, staleness_buckets)
 from .losses import (
@@ -20,6 +21,7 @@ from .losses import (
     register_policy_loss,
     value_loss,
 )
+from .distill import combine_advantages, distill_advantages, distill_metrics
 from .preference import (
     PREFERENCE_LOSSES,
     PreferenceLoss,
@@ -64,7 +66,10 @@ __all__ = [
     "behaviour_trust_mask",
     "bradley_terry",
     "clip_rewards",
+    "combine_advantages",
     "correction_metrics",
+    "distill_advantages",
+    "distill_metrics",
     "dpo",
     "importance_weights",
     "informative_groups",

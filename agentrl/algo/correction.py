@@ -29,7 +29,8 @@ class CorrectionSettings(Protocol):
 
 class TrustRegionSettings(Protocol):
     """The config tree's `algo.trust_region` (agentrl.config.algo): a type and only the bounds it has.
-    none: nothing more; clip: `eps_low`, `eps_high`; neg_clip: `eps_low`; m2: `tau`."""
+    none: nothing more; clip: `eps_low`, `eps_high`, `half_life` (None: fixed bounds), `level` (token or
+    sequence); neg_clip: `eps_low`; m2: `tau`."""
 
     type: str
 
@@ -130,7 +131,8 @@ def staleness_buckets(old_logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, ma
 
 
 def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv_BT: torch.Tensor,
-                         mask_BT: torch.Tensor, region: TrustRegionSettings) -> torch.Tensor:
+                         mask_BT: torch.Tensor, region: TrustRegionSettings,
+                         age_BT: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) detached 0/1 keep-mask: a trust region around the behaviour policy mu.
 
     With one optimizer step per batch, decoupled PPO's ratio r = pi_theta / pi_prox is exactly 1 where
@@ -147,6 +149,11 @@ def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv
       m2:       M2PO (Zheng et al. 2025, "Prosperity before Collapse"): drop the tokens with the largest
                 (log rho)^2 until the mean over the kept ones is <= tau, a bound on the second moment
                 of the log importance ratio; both directions, whatever the advantage.
+                With `half_life`, its bounds tighten with the token's age a (learner version minus the
+                version that sampled it; `age_BT`, 0 when not given): eps(a) = eps * 2^(-a / half_life)
+                (`age_scaled_eps`); on-policy tokens (a = 0) get the fixed bounds. With `level: sequence`,
+                rho_i = exp(mean_t log rho_t) and A_i = mean_t A_t decide for every token of the sequence,
+                a trust region for GSPO (`sequence_trust_keep`).
       none:     keep every token.
     """
     kind = region.type
@@ -158,11 +165,52 @@ def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv
         return mask_BT.new_ones(mask_BT.shape)
     if kind == "m2":
         return _m2_keep(log_rho_BT**2, on_BT, region.tau).to(mask_BT.dtype)
-    adv_BT, eps_low = adv_BT.detach(), region.eps_low
+    adv_BT = adv_BT.detach()
+    if kind == "clip" and getattr(region, "level", "token") == "sequence":
+        return sequence_trust_keep(log_rho_BT, adv_BT, mask_BT, region.eps_low, region.eps_high)
+    if kind == "clip" and getattr(region, "half_life", None) is not None:
+        age_BT = torch.zeros_like(log_rho_BT) if age_BT is None else age_BT.to(log_rho_BT.dtype).clamp_min(0)
+        # log1p(-1) = -inf: a bound of 1 below drops nothing (rho >= 0)
+        low_BT = torch.log1p(-age_scaled_eps(region.eps_low, age_BT, region.half_life).clamp(max=1.0))
+        high_BT = torch.log1p(age_scaled_eps(region.eps_high, age_BT, region.half_life))
+        drop_BT = ((adv_BT < 0) & (log_rho_BT < low_BT)) | ((adv_BT > 0) & (log_rho_BT > high_BT))
+        return (~(drop_BT & on_BT)).to(mask_BT.dtype)
+    eps_low = region.eps_low
     drop_BT = (adv_BT < 0) & (log_rho_BT < math.log1p(-eps_low)) if eps_low < 1 else torch.zeros_like(on_BT)
     if kind == "clip":
         drop_BT = drop_BT | ((adv_BT > 0) & (log_rho_BT > math.log1p(region.eps_high)))
     return (~(drop_BT & on_BT)).to(mask_BT.dtype)
+
+
+def age_scaled_eps(eps: float, age_BT: torch.Tensor, half_life: float) -> torch.Tensor:
+    """eps(a) = eps * 2^(-a / half_life): a trust-region bound that halves every `half_life` versions of
+    age. A token sampled a versions ago has had a optimizer steps of drift between mu and pi_prox already;
+    the older it is, the less of its log-ratio is signal about the current policy, so the less room it
+    gets (the failure this tightens against: stale A < 0 tokens pushed ever further below mu)."""
+    return eps * torch.exp2(-age_BT / half_life)
+
+
+def sequence_trust_keep(log_rho_BT: torch.Tensor, adv_BT: torch.Tensor, mask_BT: torch.Tensor,
+                        eps_low: float, eps_high: float) -> torch.Tensor:
+    """(B, T) keep-mask of `clip` taken per sequence: rho_i = exp(mean_{t in y_i} log rho_t) (GSPO's
+    length-normalised ratio, anchored at mu), A_i = mean_{t in y_i} A_t; row i is dropped when A_i < 0
+    and rho_i < 1 - eps_low, or A_i > 0 and rho_i > 1 + eps_high. Rows without tokens are kept."""
+    log_rho_B = masked_mean(log_rho_BT, mask_BT, dim=-1)
+    adv_B = masked_mean(adv_BT, mask_BT, dim=-1)
+    low = math.log1p(-eps_low) if eps_low < 1 else -math.inf
+    drop_B = ((adv_B < 0) & (log_rho_B < low)) | ((adv_B > 0) & (log_rho_B > math.log1p(eps_high)))
+    return (~drop_B)[:, None].expand_as(mask_BT).to(mask_BT.dtype)
+
+
+def ess_step_scale(iw: ImportanceWeights) -> float:
+    """VCPO's step scale (variance-controlled off-policy RL): the normalised effective sample size of the
+    raw importance weights, (sum w)^2 / (n sum w^2) over their units, in (0, 1]; the loss (so the step,
+    with SGD; with Adam, the part of the update the moment estimates do not absorb) is multiplied by it,
+    so a batch whose weights are dominated by a few tokens moves the policy less. 1 with no units."""
+    w_U = iw.raw_U[iw.unit_mask_U > 0].double()
+    if w_U.numel() == 0:
+        return 1.0
+    return float(w_U.sum() ** 2 / (w_U.numel() * (w_U**2).sum()).clamp_min(1e-300))
 
 
 def _m2_keep(sq_BT: torch.Tensor, on_BT: torch.Tensor, tau: float) -> torch.Tensor:

@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 import torch
 
 from .correction import (CorrectionSettings, TrustRegionSettings, behaviour_trust_mask, correction_metrics,
-                         importance_weights, masked_mean)
+                         ess_step_scale, importance_weights, masked_mean)
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant")
 KL_KINDS = ("k1", "k2", "k3")
@@ -30,6 +30,7 @@ class PolicyLossInputs:
     advantages_BT: torch.Tensor  # (B, T)
     mask_BT: torch.Tensor  # (B, T) float, 1 on policy-generated tokens
     entropy_BT: torch.Tensor | None = None  # (B, T) policy entropy per position (metric / bonus)
+    age_BT: torch.Tensor | None = None  # (B, T) learner version minus the token's version (clip with half_life reads it)
 
 
 class PolicyLossSettings(Protocol):
@@ -145,14 +146,18 @@ def _finish(loss_BT: torch.Tensor, weight_BT: torch.Tensor, active_BT: torch.Ten
 def _weights(inp: PolicyLossInputs, cfg: PolicyLossSettings,
              level: str | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The detached weight (B, T) to multiply into the loss: the importance weight (at the correction's
-    own level unless `level` says otherwise) times the trust region's keep-mask; and the correction
-    metrics, `trust_masked_frac` the share of tokens dropped."""
+    own level unless `level` says otherwise) times the trust region's keep-mask, times the ESS step scale
+    where the correction asks for it (`ess_step`); and the correction metrics, `trust_masked_frac` the
+    share of tokens dropped."""
     iw = importance_weights(inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT, cfg.correction, level)
     keep_BT = behaviour_trust_mask(inp.logp_BT, inp.behav_logp_BT, inp.advantages_BT, inp.mask_BT,
-                                   cfg.trust_region)
+                                   cfg.trust_region, inp.age_BT)
     metrics = correction_metrics(iw, inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT)
     metrics["trust_masked_frac"] = float(masked_mean(1.0 - keep_BT, inp.mask_BT))
-    return iw.weight_BT * keep_BT, metrics
+    scale = 1.0
+    if getattr(cfg.correction, "ess_step", False):
+        scale = metrics["ess_step_scale"] = ess_step_scale(iw)
+    return iw.weight_BT * keep_BT * scale, metrics
 
 
 @register_policy_loss("ppo_clip")

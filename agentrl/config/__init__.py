@@ -8,6 +8,7 @@ from agentrl.config.load import ConfigError, apply_override, build_config, load_
 from agentrl.config.schema import (AlgoConfig, BufferConfig, ClusterConfig, Config, CriticConfig, DataConfig, DefaultModelConfig,
                                    EngineConfig, EnvConfig, LearnerConfig, LoraConfig, ModelConfig, OptimConfig,
                                    RolloutConfig, ServerConfig, TrainConfig, WeightSyncConfig)
+from agentrl.config.teacher import TeacherConfig
 from agentrl.config.tools import ToolsConfig, ToolServerConfig
 from agentrl.config.sources import (SOURCE_TYPES, EndpointConfig, EnvSource, HttpSource, RewardModelConfig,
                                     RewardModelSource, RewardsConfig, RewardSourceConfig, RuleSource, VerifierConfig)
@@ -18,7 +19,7 @@ __all__ = [
     "SOURCE_TYPES", "AlgoConfig", "BufferConfig", "ClusterConfig", "Config", "ConfigError", "CriticConfig", "DataConfig",
     "DefaultModelConfig", "EndpointConfig", "EngineConfig", "EnvConfig", "EnvSource", "HttpSource", "LearnerConfig",
     "LoraConfig", "ModelConfig", "OptimConfig", "RewardModelConfig", "RewardModelSource", "RewardSourceConfig",
-    "RewardsConfig", "RolloutConfig", "RuleSource", "ServerConfig", "ToolServerConfig", "ToolsConfig", "TrainConfig", "VerifierConfig",
+    "RewardsConfig", "RolloutConfig", "RuleSource", "ServerConfig", "TeacherConfig", "ToolServerConfig", "ToolsConfig", "TrainConfig", "VerifierConfig",
     "WeightSyncConfig",
     "apply_override", "build_config", "load_config",
 ]

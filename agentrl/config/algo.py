@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (Discriminator, Field, SerializerFunctionWrapHandler, Tag, field_validator, model_serializer,
+                      model_validator)
 
 from agentrl.config.base import StrictModel
+from agentrl.config.teacher import TeacherConfig
 
 # Old flat key -> where it lives now (one-line "moved" errors; see agentrl.config.load).
 MOVED_KEYS = {
@@ -158,6 +160,9 @@ class _Weighted(StrictModel):
     type: str  # narrowed to a Literal by each correction; declared here so that it is listed first
     level: Literal["token", "sequence"] = Field("token", description="per token weight, or per sequence "
                                                                     "(geometric mean of its token weights)")
+    ess_step: bool = Field(False, description="multiply the loss by the normalised effective sample size of the "
+                                              "raw weights, (sum w)^2 / (n sum w^2) (VCPO's variance-controlled "
+                                              "step): a batch dominated by a few weights moves the policy less")
 
 
 class TISCorrection(_Weighted):
@@ -192,6 +197,29 @@ class ClipTrustRegion(StrictModel):
     type: Literal["clip"] = Field(description="both sides, in the advantage's direction")
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="A < 0 tokens with rho < 1 - eps_low are dropped")
     eps_high: float = Field(0.2, ge=0.0, le=10.0, description="A > 0 tokens with rho > 1 + eps_high are dropped")
+    half_life: float | None = Field(None, gt=0.0, description="bounds that tighten with a token's age a (learner "
+                                                              "version minus the version that sampled it): "
+                                                              "eps(a) = eps * 2^(-a / half_life); None = fixed")
+    level: Literal["token", "sequence"] = Field("token", description="sequence: rho_i = exp(mean_t log rho_t) and "
+                                                                     "the sequence's mean advantage decide for all "
+                                                                     "its tokens (a trust region for GSPO)")
+
+    @model_validator(mode="after")
+    def _one_refinement(self) -> "ClipTrustRegion":
+        if self.half_life is not None and self.level == "sequence":
+            raise ValueError("algo.trust_region.half_life applies per token: use it with level token, or drop it")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The two refinements are written only when set, so a plain clip dumps (and a run's saved config
+        # reads) as it did before they existed.
+        out = handler(self)
+        if out.get("half_life") is None:
+            out.pop("half_life", None)
+        if out.get("level") == "token":
+            out.pop("level", None)
+        return out
 
 
 class NegClipTrustRegion(StrictModel):
@@ -234,7 +262,8 @@ class AlgoConfig(StrictModel):
         description="trust region around the behaviour policy mu, acting on rho = pi_theta/mu at any number of "
                     "mini-batches: clip {eps_low, eps_high} drops tokens pushed past [1-eps_low, 1+eps_high] the "
                     "way their advantage points, neg_clip {eps_low} only those with A < 0, m2 {tau} the largest "
-                    "(log rho)^2 until their mean is <= tau (M2PO), or none")
+                    "(log rho)^2 until their mean is <= tau (M2PO), or none; clip's half_life tightens its bounds "
+                    "with a token's age, its level: sequence takes it per sequence (GSPO)")
     agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant"] = Field(
         "token_mean", description="loss aggregation")
     constant_norm: float = Field(1.0, gt=0.0, description="'constant' aggregation divides the token sum by "
@@ -249,6 +278,8 @@ class AlgoConfig(StrictModel):
                                                     "until the batch is full (DAPO); the drop rate is a metric; the "
                                                     "run ends (NoLearningSignal) after max(256, 16 x groups a "
                                                     "batch) dropped in a row")
+    teacher: TeacherConfig | None = Field(None, description="on-policy distillation: {model, coef, env_advantage, "
+                                                            "env_weight, placement}; None = off")
 
     @model_validator(mode="before")
     @classmethod

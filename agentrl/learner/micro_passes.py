@@ -18,15 +18,18 @@ from agentrl.types import TrainBatch
 
 
 class MicroPasses:
-    """Forward passes of `Learner` (engine, reference, critic, cfg, algo, world, rank, device, temperature,
+    """Forward passes of `Learner` (engine, reference, teacher, critic, cfg, algo, world, rank, device, temperature,
     top_p, share_min_saved, micro_per_mini are its attributes)."""
 
-    def _forward_logprobs(self, batch: TrainBatch, rows: slice | Micro, engine=None, with_entropy: bool = False):
+    def _forward_logprobs(self, batch: TrainBatch, rows: slice | Micro, engine=None, with_entropy: bool = False,
+                          full_vocab: bool = False):
         """(B, T) log pi of each token, 0 before the scored tail; with_entropy: (logprobs, entropy). A group's
         common prompt runs once (`shared_prefix`), the head only where a scored token reads it (`logit_tail`);
-        a packed micro-batch runs as one row (`packed_forward`). B: the rows, T: the batch's width."""
+        a packed micro-batch runs as one row (`packed_forward`). B: the rows, T: the batch's width.
+        full_vocab: at temperature 1 over the full vocabulary (the teacher), not the sampling distribution."""
         entropy_grad = torch.is_grad_enabled() and self.algo.entropy_coef > 0
-        head = partial(head_logprobs, temperature=self.temperature, top_p=self.top_p, with_entropy=with_entropy,
+        temperature, top_p = (1.0, 1.0) if full_vocab else (self.temperature, self.top_p)
+        head = partial(head_logprobs, temperature=temperature, top_p=top_p, with_entropy=with_entropy,
                        entropy_grad=entropy_grad)
         index, width = (rows.rows, rows.width) if isinstance(rows, Micro) else (rows, batch.input_ids.shape[1])
         ids, attn, scored = (t[index, :width].to(self.device)
@@ -81,6 +84,12 @@ class MicroPasses:
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._over_micro_batches(batch, lambda b, rows: self._forward_logprobs(b, rows, self.reference),
                                         self.reference)
+
+    def teacher_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """(B, T) log pi_teacher at temperature 1 over its full vocabulary (`agentrl.algo.distill`): the numbers
+        vLLM's prompt log-probs give on an engine of its own (placement engine)."""
+        return self._over_micro_batches(batch, lambda b, rows: self._forward_logprobs(b, rows, self.teacher,
+                                                                                      full_vocab=True), self.teacher)
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         self.critic.eval()

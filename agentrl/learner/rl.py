@@ -28,6 +28,7 @@ from agentrl.learner.micro_passes import MicroPasses
 from agentrl.learner.packing import Micro, gather_planned, owned_rows, padding_ratio, row_lengths
 from agentrl.learner.shared_prefix import MIN_SAVED
 from agentrl.learner.spec import LearnerSpec
+from agentrl.learner.teacher import build_teacher, distill_into
 from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import accumulate, kl_controller, local_grad_norm, weighted, zero_loss
@@ -91,6 +92,7 @@ class Learner(MicroPasses):
 
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
             self.reference = eval_engine(ref, cfg, cfg.micro_batch_size, cfg.reference_offload)
+        self.teacher = build_teacher(spec)  # algo.teacher on the learner: frozen, scored at temperature 1
         self.critic = None
         if algo.advantage.type == "gae":  # the spec holds a critic and its folder with gae
             critic = self.critic_cfg = spec.critic
@@ -135,6 +137,8 @@ class Learner(MicroPasses):
         out = ADVANTAGES[est.type](AdvantageInputs(rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask,
                                                    values_BT=values, token_rewards_BT=token_rewards, **discount))
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
+        if algo.teacher is not None:  # on-policy distillation: the teacher's per-token advantage (learner/teacher.py)
+            metrics.update(distill_into(batch, algo.teacher))
         return metrics
 
     def _reference_kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -158,7 +162,8 @@ class Learner(MicroPasses):
         inputs = PolicyLossInputs(
             logp_BT=logp * mask, old_logp_BT=old_logp[rows].to(self.device),
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
-            advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy)
+            advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy,
+            age_BT=(self.version - batch.versions[rows]).to(self.device))  # versions behind (trust_region.half_life)
         loss, metrics = self.loss_fn(inputs, self.algo)[0], {}  # its metrics: over the whole step (`_pass_metrics`)
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl.estimator)
@@ -186,7 +191,8 @@ class Learner(MicroPasses):
                                                          self.rank).cpu()[rows.start:rows.stop]
         sl, mask = slice(rows.start, rows.stop), batch.loss_mask[rows.start:rows.stop]
         inputs = PolicyLossInputs(logp_BT=taken[0, sl], old_logp_BT=old_logp[sl], behav_logp_BT=batch.behav_logprobs[sl],
-                                  advantages_BT=batch.advantages[sl], mask_BT=mask, entropy_BT=taken[1, sl])
+                                  advantages_BT=batch.advantages[sl], mask_BT=mask, entropy_BT=taken[1, sl],
+                                  age_BT=self.version - batch.versions[sl])
         metrics = self.loss_fn(inputs, self.algo)[1]
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(taken[0, sl], ref_logp[sl] * mask, self.algo.kl.estimator)
@@ -268,6 +274,8 @@ class Learner(MicroPasses):
         old_logp = (torch.zeros_like(batch.behav_logprobs) if reuse else
                     self.logprobs(batch) if self.algo.mode == "decoupled" else batch.behav_logprobs)
         ref_logp = self.reference_logprobs(batch) if self.reference is not None else None
+        if self.teacher is not None:
+            batch.teacher_logprobs = self.teacher_logprobs(batch)
         old_values = self.values(batch) if self.critic is not None else None
         shaped, kl_after = {}, reuse and ref_logp is not None and self.algo.kl.type == "loss"  # waits for pi_prox
         if batch.advantages is None:

@@ -24,6 +24,7 @@ class LearnerSpec:
     total_steps: int = 1  # learner batches of the run (train.steps), for the lr schedules
     critic: CriticConfig | None = None  # the `critic` section, with algo.advantage gae only
     critic_path: str | None = None  # the folder the critic starts from (critic.init_from, resolved)
+    teacher_path: str | None = None  # the teacher's folder (algo.teacher.model, resolved), placement learner
 
     def __post_init__(self) -> None:
         if self.algo.advantage.type == "gae" and (self.critic is None or self.critic_path is None):
@@ -33,12 +34,14 @@ class LearnerSpec:
                              "full weights; use one or the other")
 
     @classmethod
-    def from_config(cls, cfg: Config, model_path: str) -> "LearnerSpec":
-        """The spec of `cfg`'s learner, whose actor starts from `model_path` (the resolved model.path)."""
-        gae = cfg.algo.advantage.type == "gae"
+    def from_config(cls, cfg: Config, model_path: str, teacher_path: str | None = None) -> "LearnerSpec":
+        """The spec of `cfg`'s learner, whose actor starts from `model_path` (the resolved model.path);
+        `teacher_path`: algo.teacher.model resolved (a named model's folder), else the key as written."""
+        gae, teacher = cfg.algo.advantage.type == "gae", cfg.algo.teacher
         return cls(model_path=model_path, learner=cfg.learner, algo=cfg.algo, batch_size=cfg.buffer.batch_size,
                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, total_steps=cfg.train.steps,
-                   critic=cfg.critic if gae else None, critic_path=critic_init_path(cfg, model_path) if gae else None)
+                   critic=cfg.critic if gae else None, critic_path=critic_init_path(cfg, model_path) if gae else None,
+                   teacher_path=teacher_path or (teacher.model if teacher is not None else None))
 
 
 def critic_init_path(cfg: Config, model_path: str) -> str:

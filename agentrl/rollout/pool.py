@@ -44,8 +44,10 @@ class RolloutPool:
     future that gets `EpisodesFailing` once failures persist; whoever drives the pool awaits it
     beside its own work (`evaluate` does)."""
 
-    def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None) -> None:
-        self.engine, self.spec, self.scorer = engine, spec, scorer
+    def __init__(self, engine: GenerateFn, spec: EpisodeSpec, scorer: Scorer | None = None,
+                 teacher: Scorer | None = None) -> None:
+        # teacher: scores training episodes' tokens (algo.teacher placement engine, agentrl.rollout.teacher)
+        self.engine, self.spec, self.scorer, self.teacher = engine, spec, scorer, teacher
         self.run_episode = episode_runner(spec)  # an Env's turns or an AgentEnv's run, fixed for the run
         self._sem = asyncio.Semaphore(spec.cfg.max_concurrency)
         self.in_flight = 0
@@ -96,6 +98,8 @@ class RolloutPool:
                 self.in_flight -= 1
         if self.scorer is not None and ep.status in TRAINABLE_STATUSES:
             await self.scorer.score(ep)  # outside the episode cap: sources have caps of their own
+        if self.teacher is not None and group_id >= 0 and ep.trainable:  # held-out episodes are not trained
+            await self._teacher_score(ep)
         self.status_counts[ep.status] += 1
         self.generated_tokens += ep.n_generated
         self.tool_stats.add_episode(ep)
@@ -103,6 +107,12 @@ class RolloutPool:
         if self.failures.tripped is not None:
             self._failed.fail(self.failures.tripped)
         return ep
+
+    async def _teacher_score(self, ep: Episode) -> None:
+        try:
+            await self.teacher.score(ep)
+        except Exception as exc:  # an engine failure ends this episode, not the run (dropped and counted)
+            ep.status, ep.error = "engine_error", f"teacher engine: {type(exc).__name__}: {exc}"
 
     async def group(self, task: dict[str, Any], group_id: int, n: int, issued_version: int = 0) -> Group:
         async with asyncio.TaskGroup() as tg:

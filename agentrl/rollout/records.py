@@ -66,6 +66,7 @@ def episode_to_record(ep: Episode, step: int | None = None, task: dict | None = 
         "error": ep.error, "traceback": ep.traceback, "sample": ep.sample, "success": ep.success,
         "turns": [dataclasses.asdict(t) for t in ep.turns],
         "info": ep.info, "segments": [dataclasses.asdict(seg) for seg in ep.segments],
+        "teacher_logprobs": ep.teacher_logprobs,  # per row, when a teacher engine scored it (algo.teacher)
     })
 
 
@@ -82,7 +83,9 @@ def episode_from_record(d: dict[str, Any]) -> Episode:
         status=d["status"], error=d.get("error", ""), traceback=d.get("traceback", ""),
         sample=int(d.get("sample", 0)), turns=[Turn(**t) for t in d.get("turns", [])],
         messages=list(d.get("messages", [])), info=dict(d.get("info") or {}), success=bool(d.get("success")),
-        segments=[Segment(**seg) for seg in d.get("segments", [])])
+        segments=[Segment(**seg) for seg in d.get("segments", [])],
+        teacher_logprobs=None if d.get("teacher_logprobs") is None else
+        [[_float(x) for x in row] for row in d["teacher_logprobs"]])
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:

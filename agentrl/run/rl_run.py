@@ -43,8 +43,8 @@ from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.tool_use import ToolUseWatch, tool_use_metrics
 from agentrl.rollout.failing import unless_failed
 from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes
-from agentrl.run.startup import (Prepared, episode_spec, load_model_format, start_workers, stop_agent_server,
-                             stop_workers)
+from agentrl.run.startup import (Prepared, episode_spec, load_model_format, start_teacher, start_workers, stop_agent_server,
+                                 stop_teacher, stop_workers)
 from agentrl.types import TrainBatch
 
 if TYPE_CHECKING:
@@ -149,7 +149,9 @@ class RLRun:
         self._stack.callback(self.stop.uninstall)
         spec = await episode_spec(cfg, prep.env_cls, fmt, self.fleet)
         self._stack.push_async_callback(stop_agent_server, spec)
-        self.pool = RolloutPool(self.fleet, spec, scorer)
+        teacher = await start_teacher(cfg, self.model_path, self.tokenizer, fmt.eos_id)  # algo.teacher on an engine
+        self._stack.push_async_callback(stop_teacher, teacher)
+        self.pool = RolloutPool(self.fleet, spec, scorer, teacher)
         self.stream = TaskStream(prep.train_tasks, cfg.data.seed)
         self.buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness,
                                       engine_version=self.fleet.version, versions_per_batch=cfg.learner.mini_batches)

@@ -29,8 +29,9 @@ def input_error(exc: ConfigError) -> int:
     return 2
 
 
-def build_learner(cfg: Config, model_path: str, tokenizer):
-    """The RL learner of `cfg` (its `LearnerSpec`), with the LM loss's text batches when it has one."""
+def build_learner(cfg: Config, model_path: str, tokenizer, teacher_path: str | None = None):
+    """The RL learner of `cfg` (its `LearnerSpec`), with the LM loss's text batches when it has one;
+    `teacher_path`: algo.teacher.model resolved (`agentrl.models.teacher.resolve_teacher`)."""
     from agentrl.data import lm_batches
     from agentrl.learner.rl import Learner
     from agentrl.learner.spec import LearnerSpec
@@ -39,7 +40,7 @@ def build_learner(cfg: Config, model_path: str, tokenizer):
     if cfg.learner.unsup_coef > 0:
         unsup = lm_batches(cfg.learner.unsup_data, tokenizer, cfg.learner.unsup_batch_size,
                            cfg.engine.max_model_len, cfg.train.seed)
-    return Learner(LearnerSpec.from_config(cfg, model_path), unsup)
+    return Learner(LearnerSpec.from_config(cfg, model_path, teacher_path), unsup)
 
 
 # Hugging Face's offline switches: the hub client (and vLLM through it), transformers' older one, datasets.
@@ -187,14 +188,18 @@ async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
 
     from agentrl.weights.push import LocalHub, RayHub
     from agentrl.weights.sync import EngineWeightSync, push_dtype
+    from agentrl.models.teacher import resolve_teacher
     from agentrl.rollout.fleet import EngineFleet
 
     cluster, dtype, ws = cfg.cluster, push_dtype(cfg.engine.dtype), cfg.weight_sync
+    # Before any engine starts: a teacher whose tokenizer is not the student's is a start-up error.
+    teacher_path = await asyncio.to_thread(resolve_teacher, cfg, model_path, tokenizer)
+    build = partial(build_learner, teacher_path=teacher_path)
     if cluster.backend == "local":
         fleet = EngineFleet.local(model_path, cfg.engine, eos_id, cluster)
         # The learner loads in a thread while the engines start: vLLM's start mostly waits on its
         # engine-core process, which runs on the other core.
-        building = asyncio.ensure_future(asyncio.to_thread(build_learner, cfg, model_path, tokenizer))
+        building = asyncio.ensure_future(asyncio.to_thread(build, cfg, model_path, tokenizer))
         await asyncio.sleep(0)  # the thread is under way before vLLM's start blocks this loop
         try:
             await fleet.start()
@@ -215,7 +220,7 @@ async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
     from agentrl.learner.ray_ranks import RayLearner
 
     await asyncio.to_thread(connect, cluster)
-    learner = RayLearner(partial(build_learner, cfg, model_path, tokenizer), cluster, cfg.learner.num_threads)
+    learner = RayLearner(partial(build, cfg, model_path, tokenizer), cluster, cfg.learner.num_threads)
     # Learner ranks first when engines must avoid their nodes; otherwise engines and ranks start together.
     if not cluster.colocate:
         await asyncio.to_thread(learner.start)
@@ -227,6 +232,26 @@ async def start_workers(cfg: Config, model_path: str, tokenizer, eos_id: int):
     publish = await pick_transport(ws.transport, fleet, hub) or (lambda v: learner.publish(v, dtype))
     sync = EngineWeightSync(None, fleet, ws.deadline_s, publish=publish)
     return fleet, learner, sync
+
+
+async def start_teacher(cfg: Config, model_path: str, tokenizer, eos_id: int):
+    """algo.teacher with placement engine: a `TeacherScorer` on a vLLM engine of its own (engine section's
+    settings, the teacher's folder; outside the fleet, so no weight push reaches it); else None."""
+    teacher = cfg.algo.teacher
+    if teacher is None or teacher.placement != "engine":
+        return None
+    from agentrl.models.teacher import resolve_teacher
+    from agentrl.rollout.engine import Engine
+    from agentrl.rollout.teacher import TeacherScorer
+
+    path = await asyncio.to_thread(resolve_teacher, cfg, model_path, tokenizer)
+    log.info("teacher %s on a vLLM engine of its own", path)
+    return TeacherScorer(Engine.start(path, cfg.engine, eos_id))
+
+
+async def stop_teacher(scorer) -> None:
+    if scorer is not None:
+        scorer.shutdown()
 
 
 async def pick_transport(transport: str, fleet, hub):
