@@ -177,6 +177,7 @@ def _rank_main(rank: int, port: int, model: str, queue) -> None:
         m, grads, adv = one_step(model, algo, **cfg)
         # numpy arrays travel by value; a tensor would travel as shared memory this process frees on exit
         grads = [[g.numpy() for g in step] for step in grads] if cfg.get("zero_stage", 0) == 0 else None
+        m.token_values = {k: v.numpy() for k, v in m.token_values.items()}  # the viewer's (B, T) values, by value
         queue.put((rank, name, m, grads, adv.numpy()))
 
 
@@ -210,3 +211,5 @@ def test_two_ranks_equal_the_padded_step_of_one(tiny_model):
             grads, want = want[1], want
         assert_same_step((merged, grads, got[name][0][2]), want)
         torch.testing.assert_close(got[name][1][2], got[name][0][2])  # both ranks computed the same advantages
+        for key, value in got[name][0][0].token_values.items():  # every rank returns the whole batch's, gathered
+            assert (got[name][1][0].token_values[key] == value).all(), key
