@@ -152,6 +152,9 @@ class TrainBatch:
     # (B, T) log pi_teacher of each token (algo.teacher), 0 where loss_mask == 0: from the episodes
     # (placement engine) or filled by the learner (placement learner)
     teacher_logprobs: torch.Tensor | None = None
+    # whether the learner hands back its per-token values (`StepMetrics.token_values`) for this batch: only
+    # when the run writes them down (train.save_rollouts), so they do not cross Ray for nothing
+    record_values: bool = True
 
     @property
     def size(self) -> int:

@@ -132,7 +132,8 @@ def check_learner_values(rollouts: list[dict], metrics: list[dict]) -> None:
     """The learner's per-token values beside each trained episode (for the viewer): the advantage is GRPO's
     of the group's rewards (A = (r - mean) / (unbiased std + 1e-6)) on every scored token, and
     mean |learner log pi - mu| over a step's scored tokens is the step's mismatch_abs (pi_prox is the
-    training pass's log pi here: decoupled, one optimizer step). Values are written to 4 decimals."""
+    training pass's log pi here: decoupled, one optimizer step); the trust region's 0/1 decision counts to
+    the step's trust_masked_frac. Values are written to 4 decimals."""
     for step, rec in enumerate(metrics):
         eps = [ep for ep in rollouts if ep["step"] == step and "advantages" in ep]
         assert eps and all(ep["status"] in ("ok", "truncated") for ep in eps)
@@ -147,3 +148,8 @@ def check_learner_values(rollouts: list[dict], metrics: list[dict]) -> None:
                 assert all(a is None for a, m in zip(ep["advantages"], ep["loss_mask"]) if not m)
         gaps = [abs(p - mu) for ep in eps for p, mu, m in zip(ep["learner_logprobs"], ep["logprobs"], ep["loss_mask"]) if m]
         assert sum(gaps) / len(gaps) == pytest.approx(rec["policy/mismatch_abs"], abs=2e-4)
+        # the trust region's decision per token: 0/1 where scored, and the share it dropped is the step's
+        # trust_masked_frac (a count ratio; the metric is taken in float32, 2^-24 relative)
+        kept = [k for ep in eps for k, m in zip(ep["trust_kept"], ep["loss_mask"]) if m]
+        assert set(kept) <= {0, 1} and len(kept) == len(gaps)
+        assert kept.count(0) / len(kept) == pytest.approx(rec["policy/trust_masked_frac"], abs=1e-6)

@@ -288,6 +288,24 @@ def test_the_page_in_chromium(served, run_dir, tmp_path):
         assert f"π − μ (learner − behaviour log-prob): {gap:.4f}" in tip
         assert f"advantage {rec['advantages'][gen]:.4f}  learner π {rec['learner_logprobs'][gen]:.4f}" in tip
         driver.save_screenshot(str(shots / "viewer-episode.png"))
+        # The trust region's decision: a masked-out token stands out from a kept one, in the legend's count
+        # and on hover.
+        pick = next(i for i, r in enumerate(recs) if 0 in r.get("trust_kept", []) and 1 in r["trust_kept"])
+        rec = recs[pick]
+        driver.get(served.url + f"/#episode/train/{pick}")
+        wait_for(driver, "return document.querySelectorAll('#episode .ledger .tk').length > 0")
+        Select(driver.find_element(By.ID, "colour-by")).select_by_value("trust")
+        scored = [k for k in rec["trust_kept"] if k is not None]
+        legend = " ".join(x.text for x in driver.find_elements(By.CSS_SELECTOR, "#episode .legend"))
+        assert f"{scored.count(0)} of {len(scored)} trained tokens masked out" in legend
+        out, kept = rec["trust_kept"].index(0), rec["trust_kept"].index(1)
+        colours = {i: driver.find_element(By.CSS_SELECTOR, f'.ledger .tk[data-i="{i}"]')
+                   .value_of_css_property("background-color") for i in (out, kept)}
+        assert colours[out] != colours[kept] and "rgba(0, 0, 0, 0)" not in colours.values()
+        ActionChains(driver).move_to_element(
+            driver.find_element(By.CSS_SELECTOR, f'.ledger .tk[data-i="{out}"]')).perform()
+        wait_for(driver, f"return document.getElementById('tip').dataset.i === '{out}'")
+        assert "trust region: masked out" in driver.find_element(By.ID, "tip").text
 
         driver.get(served.url + "/#compare/task--2")
         wait_for(driver, "return document.querySelectorAll('#compare-pair .ledger').length === 2")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from agentrl.algo import behaviour_trust_mask
+from agentrl.config.algo import ClipTrustRegion
 from agentrl.rollout.records import RolloutWriter
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.types import Episode, Group, Turn
@@ -52,7 +54,8 @@ def episode(rng: random.Random, step: int, group: int, sample: int, turns: int) 
 
 def learner_tensors(rng: random.Random, trained: list[Episode]) -> dict[str, torch.Tensor]:
     """(B, T) per-token values as the learner returns them (`StepMetrics.token_values`): an advantage per
-    row, and log pi = mu + a drift in (-0.5, 0.5) on scored tokens."""
+    row, log pi = mu + a drift in (-0.5, 0.5) on scored tokens, and the shipped trust region's decision on
+    them (clip at mu, eps 0.2: a drift below log 0.8 with A < 0 or above log 1.2 with A > 0 is masked out)."""
     T = max(len(e.tokens) for e in trained)
     adv, logp = torch.zeros(len(trained), T), torch.zeros(len(trained), T)
     for b, e in enumerate(trained):
@@ -60,7 +63,12 @@ def learner_tensors(rng: random.Random, trained: list[Episode]) -> dict[str, tor
         adv[b, :len(e.tokens)] = round(rng.uniform(-2, 2), 3) * mask
         drift = torch.tensor([rng.uniform(-0.5, 0.5) for _ in e.tokens])
         logp[b, :len(e.tokens)] = (torch.tensor(e.logprobs) + drift) * mask
-    return {"advantages": adv, "learner_logprobs": logp}
+    mu, mask = torch.zeros_like(logp), torch.zeros_like(logp)
+    for b, e in enumerate(trained):
+        mask[b, :len(e.tokens)] = torch.tensor(e.loss_mask, dtype=torch.float)
+        mu[b, :len(e.tokens)] = torch.tensor(e.logprobs) * mask[b, :len(e.tokens)]
+    kept = behaviour_trust_mask(logp, mu, adv, mask, ClipTrustRegion(type="clip"))
+    return {"advantages": adv, "learner_logprobs": logp, "trust_kept": kept}
 
 
 def make_run(out: Path, steps: int = 6, groups: int = 4, samples: int = 4, seed: int = 0,

@@ -64,7 +64,11 @@ class LearnerRank:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
     def step(self, batch) -> list[StepMetrics]:
-        return self.learner.step(batch)
+        metrics = self.learner.step(batch)
+        if self.rank:  # every rank holds the same gathered per-token values; rank 0's are the ones kept
+            for m in metrics:
+                m.token_values = None
+        return metrics
 
     def publish(self, version: int, dtype: torch.dtype | None):
         """Every rank takes part (a ZeRO-3 gather is collective); rank 0 puts the safetensors bytes

@@ -21,7 +21,7 @@ import torch
 
 from agentrl.utils import faults
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossInputs, RunningMoments,
-                          aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards,
+                          aggregate, behaviour_trust_mask, clip_rewards, kl_estimate, kl_penalized_token_rewards,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)
 from agentrl.learner.dist import init_single_process_dist
 from agentrl.learner.micro_passes import MicroPasses
@@ -47,8 +47,9 @@ class StepMetrics:
     n_tokens: int
     policy: dict[str, float]
     share: float = 1.0  # this rank's part of the step's tokens (or rows): how rank metrics are merged
-    # (B, T) per token, for the run viewer (rollouts.jsonl), on a step's first StepMetrics: "advantages", and
-    # "learner_logprobs", log pi at the pass that trained the token (pi - mu: how far the learner has moved)
+    # (B, T) per token, for the run viewer (rollouts.jsonl), on a step's first StepMetrics: "advantages",
+    # "learner_logprobs", log pi at the pass that trained the token (pi - mu: how far the learner has moved),
+    # and "trust_kept", 1 where the trust region kept the token there, 0 where it masked it out
     token_values: dict[str, torch.Tensor] | None = None
 
 
@@ -179,11 +180,12 @@ class Learner(MicroPasses):
 
     @torch.no_grad()
     def _pass_metrics(self, batch: TrainBatch, rows: range, taken: torch.Tensor, old_logp: torch.Tensor,
-                      ref_logp: torch.Tensor | None, reuse: bool) -> dict[str, float]:
+                      ref_logp: torch.Tensor | None, reuse: bool, kept: torch.Tensor | None = None) -> dict[str, float]:
         """The policy loss's metrics over the whole mini-batch, from the training pass's log pi and entropy
         (`taken`), gathered from every rank: a micro-batch's is_ess or sequence-level means do not average
         into the whole's, so metrics do not depend on how rows were grouped or spread over ranks. Reused,
-        pi_prox is gathered into old_logp too."""
+        pi_prox is gathered into old_logp too. `kept` (B, T), if given, receives the trust region's 1/0
+        decision per token over these rows: the one `trust_masked_frac` counts (the viewer colours by it)."""
         if self.world > 1:
             owned = owned_rows(self._plan(batch, rows, train=True))
             for t in (taken[0], taken[1], *([old_logp] if reuse else [])):
@@ -194,6 +196,9 @@ class Learner(MicroPasses):
                                   advantages_BT=batch.advantages[sl], mask_BT=mask, entropy_BT=taken[1, sl],
                                   age_BT=self.version - batch.versions[sl])
         metrics = self.loss_fn(inputs, self.algo)[1]
+        if kept is not None:
+            kept[sl] = behaviour_trust_mask(inputs.logp_BT, inputs.behav_logp_BT, inputs.advantages_BT, mask,
+                                            self.algo.trust_region, inputs.age_BT)
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(taken[0, sl], ref_logp[sl] * mask, self.algo.kl.estimator)
             metrics["kl_ref"] = float(masked_mean(kl_BT, mask))
@@ -281,7 +286,10 @@ class Learner(MicroPasses):
         if batch.advantages is None:
             shaped = self.advantages(batch, old_logp, None if kl_after else ref_logp, old_values)
         self.batches_seen += 1
-        results, buckets, learner_logp = [], {}, torch.zeros_like(batch.behav_logprobs)
+        results, buckets = [], {}
+        # the viewer's per-token values (`token_values`): log pi at the pass that trained each token, and the
+        # trust region's decision there; only when the run writes them down (`TrainBatch.record_values`)
+        learner_logp, kept = torch.zeros_like(batch.behav_logprobs), torch.ones_like(batch.behav_logprobs)
         per_mini = math.ceil(batch.size / self.cfg.mini_batches)
         for start in range(0, batch.size, per_mini):
             t0 = time.perf_counter()
@@ -294,7 +302,8 @@ class Learner(MicroPasses):
                 loss, grad_norm, metric_rows = self._train_engine(
                     self.engine, self.cfg.zero_stage, batch, rows,
                     lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w, reuse, taken))
-                whole = self._pass_metrics(batch, rows, taken, old_logp, ref_logp, reuse)
+                whole = self._pass_metrics(batch, rows, taken, old_logp, ref_logp, reuse,
+                                           kept if batch.record_values else None)
                 learner_logp[start:rows.stop] = taken[0, start:rows.stop]  # every rank's rows: gathered above
                 if self.ema is not None:
                     self.ema.update(self.engine.module)
@@ -316,8 +325,9 @@ class Learner(MicroPasses):
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
                 policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
-        results[0].token_values = {"advantages": batch.advantages,
-                                   **({"learner_logprobs": learner_logp} if actor_trains else {})}
+        if batch.record_values:
+            results[0].token_values = {"advantages": batch.advantages, **(
+                {"learner_logprobs": learner_logp, "trust_kept": kept} if actor_trains else {})}
         if kl_after:  # one optimizer step: its pass wrote pi_prox (`_pass_metrics` gathered every rank's rows)
             results[0].policy.update(self._reference_kl(old_logp, ref_logp, batch.loss_mask))
         return results

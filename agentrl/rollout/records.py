@@ -58,6 +58,8 @@ def jsonable(value: Any) -> Any:
 
 def episode_to_record(ep: Episode, step: int | None = None, task: dict | None = None) -> dict[str, Any]:
     """A JSON-safe dict of one episode; `task` defaults to the one the rollout kept in `ep.info`."""
+    # per row, when a teacher engine scored it (algo.teacher); absent otherwise
+    teacher = {} if ep.teacher_logprobs is None else {"teacher_logprobs": ep.teacher_logprobs}
     return jsonable({
         "task_id": ep.task_id, "group_id": ep.group_id, "step": step,
         "task": task if task is not None else ep.info.get("task"),
@@ -66,7 +68,7 @@ def episode_to_record(ep: Episode, step: int | None = None, task: dict | None = 
         "error": ep.error, "traceback": ep.traceback, "sample": ep.sample, "success": ep.success,
         "turns": [dataclasses.asdict(t) for t in ep.turns],
         "info": ep.info, "segments": [dataclasses.asdict(seg) for seg in ep.segments],
-        "teacher_logprobs": ep.teacher_logprobs,  # per row, when a teacher engine scored it (algo.teacher)
+        **teacher,
     })
 
 

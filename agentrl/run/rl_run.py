@@ -346,6 +346,7 @@ class RLRun:
                 batch_wait_s = time.perf_counter() - waited_from  # the learner idle, waiting for episodes
                 # Advantages are left to the learner, which holds the critic and reference.
                 batch = TrainBatch.from_episodes(assembly.episodes, None, pad_id)
+                batch.record_values = rollouts is not None  # the learner's per-token values: only if written
                 # Checked again on the tensors the learner actually trains on, independently of the buffer.
                 trained_staleness = learner.version - int(batch.versions[batch.loss_mask > 0].min())
                 if trained_staleness > cfg.buffer.max_staleness:

@@ -153,11 +153,19 @@ const QUANTITIES = {
   masked: ["trained (loss mask)", (e, i) => e.loss_mask[i]],
   advantage: ["advantage", (e, i) => (e.advantages ? e.advantages[i] : null)],
   pimu: ["π − μ (learner − behaviour log-prob)", (e, i) => (e.learner_logprobs && e.learner_logprobs[i] !== null && e.logprobs[i] !== null ? e.learner_logprobs[i] - e.logprobs[i] : null)],
+  trust: ["trust region: kept (1) or masked out (0)", (e, i) => (e.trust_kept ? e.trust_kept[i] : null)],
 };
+
+// what the trust region decided for token i, in words (null: not recorded)
+function trustWord(e, i) {
+  if (!e.trust_kept || e.trust_kept[i] === null || e.trust_kept[i] === undefined) return null;
+  return e.trust_kept[i] ? "kept" : "masked out";
+}
 
 function colour(q, v, lo, hi) {
   if (v === null || v === undefined) return "";
   if (q === "masked") return v ? "hsl(220 80% 86%)" : "";
+  if (q === "trust") return v ? "hsl(140 45% 88%)" : "hsl(0 80% 62%)";  // a masked-out token must stand out
   const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;  // 0..1 across the episode's range
   if (q === "advantage" || q === "pimu") {
     // Diverging around 0, scaled by the episode's largest |value|; pi - mu at least 0.1 nats full scale, so
@@ -194,7 +202,9 @@ function ledger(e, q) {
   box.addEventListener("mouseover", (ev) => showTip(ev, e, q));
   box.addEventListener("mouseout", () => { $("#tip").hidden = true; });
   const legend = el("div", { cls: "legend" }, el("span", { text: `colour: ${QUANTITIES[q][0]}` }),
-    el("span", { text: finite.length ? `from ${fmt(lo)} to ${fmt(hi)}` : "(not recorded for this episode)" }));
+    el("span", { text: !finite.length ? "(not recorded for this episode)"
+      : q === "trust" ? `${finite.filter((v) => !v).length} of ${finite.length} trained tokens masked out`
+      : `from ${fmt(lo)} to ${fmt(hi)}` }));
   return [legend, box];
 }
 
@@ -208,6 +218,7 @@ function showTip(ev, e, q) {
   if (e.loss_mask[i]) {
     lines.push(`μ ${fmt(e.logprobs[i], 4)}  version ${e.versions[i]}  staleness ${fmt(e.staleness[i])}`);
     if (e.advantages || e.learner_logprobs) lines.push(`advantage ${fmt(e.advantages ? e.advantages[i] : null, 4)}  learner π ${fmt(e.learner_logprobs ? e.learner_logprobs[i] : null, 4)}`);
+    if (trustWord(e, i)) lines.push(`trust region: ${trustWord(e, i)}`);
   } else lines.push("context (prompt, env or tool reply): not trained");
   tip.textContent = lines.join("\n");
   tip.dataset.i = String(i);
