@@ -1,6 +1,6 @@
 """On-policy distillation (algo.teacher): the math against a slow loop and hand-computed values, the config's
 errors, the tokenizer check, the learner's teacher pass (temperature 1, full vocabulary; packed = padded),
-the engine placement's scorer on multi-row episodes, and one short real run per placement whose batches'
+the engine placement's scorer on multi-row episodes, the one builder of the frozen models, and one short real run per placement whose batches'
 teacher log-probs and advantages are checked against a loop over the recorded ledger (tests/distill_run.py)."""
 
 from __future__ import annotations
@@ -179,6 +179,36 @@ def test_learner_teacher_scores_at_temperature_1_and_fills_the_advantage(tmp_pat
     torch.testing.assert_close(batch.advantages, ref, rtol=0, atol=1e-5)
     kl = float(((batch.behav_logprobs - want) * batch.loss_mask).sum() / batch.loss_mask.sum())
     assert m.policy["distill/kl_token"] == pytest.approx(kl, abs=1e-5) and math.isfinite(m.loss)
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["zero0", "offloaded-zero3"])
+def test_the_reference_and_the_teacher_share_one_frozen_builder(tmp_path, tiny_model, offload):
+    """`frozen_causal_lm` (the reference's and the learner-placed teacher's builder): the folder's float32
+    weights, frozen, in eval mode, its dropout off, placed as learner.reference_offload says; its logits are
+    those of a plain Hugging Face forward of the folder."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentrl.learner.dist import init_single_process_dist
+    from agentrl.learner.models import frozen_causal_lm
+
+    folder = perturbed_copy(tiny_model, tmp_path / "teacher")
+    config = AutoConfig.from_pretrained(folder)
+    config.attention_dropout = 0.25  # a model trained with dropout: frozen passes must not apply it
+    config.save_pretrained(folder)
+    init_single_process_dist()
+    engine = frozen_causal_lm(folder, LearnerConfig(micro_batch_size=2, reference_offload=offload))
+    assert engine.zero_optimization_stage() == (3 if offload else 0)
+    module = engine.module
+    assert not module.training and not any(p.requires_grad for p in module.parameters())
+    rates = [m.attention_dropout for m in module.modules() if isinstance(getattr(m, "attention_dropout", None), float)]
+    assert rates and set(rates) == {0.0}
+    module.train()  # even in train mode (a pass that forgot eval()) nothing is dropped
+    ids = torch.tensor([[1, 275, 201, 301, 299, 310, 2, 40]])
+    want = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(input_ids=ids).logits
+    with torch.no_grad():
+        got = engine(input_ids=ids).logits
+    # one model's float32 forward twice (ZeRO-3 gathers the same weights): equal up to summation order
+    torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-5 * float(want.abs().max()))
 
 
 class FakeTeacherEngine:

@@ -2,7 +2,8 @@
 300 tokens, one far longer than the rest, one with nothing scored, env tokens between turns), for every policy
 loss, every advantage estimator (GAE with its critic), both KL modes, the row-wise aggregations, ZeRO 0 and 3,
 LoRA and 2 ranks, the loss, the gradients handed to the optimizer, the advantages, values, entropy and every
-metric equal those of the padded path run as one micro-batch (the whole batch at once).
+metric equal those of the padded path run as one micro-batch (the whole batch at once). The critic's passes run
+packed too (its values and its optimizer's gradients are compared with a value head that is not zero).
 
 Tolerances: the paths compute the same sums in another order (other matrix shapes, the softmax over a shorter
 or block-masked row, micro-batch gradients added one by one), about sqrt(n) * 2^-24 relative per reduction of
@@ -49,19 +50,22 @@ def ragged_batch() -> TrainBatch:
     return TrainBatch.from_episodes(eps, None, 0)
 
 
-def build(model: str, algo: AlgoConfig, **cfg):
+def build(model: str, algo: AlgoConfig, critic_path: str | None = None, **cfg):
+    """The learner; with GAE its critic starts from `critic_path` (default: the policy's folder, a zero head)
+    at the actor's ZeRO stage."""
     from agentrl.learner.rl import Learner
 
-    critic = CriticConfig(lr=1e-3) if algo.advantage.type == "gae" else None
+    gae = algo.advantage.type == "gae"
+    critic = CriticConfig(lr=1e-3, zero_stage=cfg.get("zero_stage", 0)) if gae else None
     torch.manual_seed(0)  # LoRA's A matrices start random: every path starts from the same ones
     spec = LearnerSpec(model, LearnerConfig(lr=1e-2, **cfg), algo, 8, critic=critic,
-                       critic_path=model if critic else None)
+                       critic_path=(critic_path or model) if critic else None)
     return Learner(spec)
 
 
-def one_step(model: str, algo: AlgoConfig, **cfg):
+def one_step(model: str, algo: AlgoConfig, critic_path: str | None = None, **cfg):
     """(step metrics, gradients each optimizer step was handed, the batch's advantages after the step)."""
-    learner = build(model, algo, **cfg)
+    learner = build(model, algo, critic_path, **cfg)
     batch = ragged_batch()
     with gradients_of_each_step() as grads:
         (m,) = learner.step(batch)
@@ -80,11 +84,12 @@ def assert_same_step(got, want) -> None:
     assert_same_gradients(grads, grads0)
 
 
+GAE = AlgoConfig(advantage={"type": "gae", "gamma": 0.99, "lam": 0.9})
 ALGOS = {
     **{f"loss-{name}": AlgoConfig(policy_loss=name) for name in ("ppo_clip", "gspo", "cispo")},
     **{f"adv-{name}": AlgoConfig(advantage=name) for name in ("dr_grpo", "rloo", "reinforce_pp",
                                                                "reinforce_pp_baseline")},
-    "adv-gae": AlgoConfig(advantage={"type": "gae", "gamma": 0.99, "lam": 0.9}),
+    "adv-gae": GAE,
     "kl-loss": AlgoConfig(kl={"type": "loss", "coef": 0.1, "estimator": "k3"}, entropy_coef=0.01),
     "kl-reward": AlgoConfig(kl={"type": "reward", "coef": 0.1}),
     "agg-seq-mean": AlgoConfig(agg="seq_mean_token_mean"),
@@ -132,6 +137,49 @@ def test_forward_passes_equal_the_padded_ones(tiny_model):
             torch.testing.assert_close(got, ref, rtol=RTOL, atol=ATOL * float(ref.abs().max()))
 
 
+@pytest.fixture(scope="module")
+def critic_folder(tiny_model, tmp_path_factory) -> str:
+    """A saved critic whose value head is not zero: its values, and so the advantages and the body's
+    gradients, are non-zero from the first step (a head of zeros would leave the body's gradient at 0)."""
+    from agentrl.learner.models import ValueModel
+
+    critic = ValueModel.from_pretrained(tiny_model)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        critic.value_head.weight.normal_(generator=g)
+        critic.value_head.bias.fill_(0.25)
+    out = tmp_path_factory.mktemp("critic")
+    critic.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 3])
+def test_the_critic_runs_packed_and_its_steps_equal_the_padded_ones(tiny_model, critic_folder, monkeypatch,
+                                                                    zero_stage):
+    """GAE with a critic of non-zero values, actor and critic at ZeRO `zero_stage`: the packed step's values
+    pass and the critic's training pass both run packed over every row, and both optimizer steps (actor, then
+    critic), the advantages and every metric (critic/* included) equal the padded step's."""
+    from agentrl.learner import micro_passes
+
+    algo = GAE
+    want = one_step(tiny_model, algo, critic_folder, **PADDED, zero_stage=zero_stage)
+    assert float(want[2].abs().max()) > 0.1 and abs(want[0].policy["critic/value_mean"]) > 0.1
+    calls: list[tuple[bool, list[int]]] = []
+
+    def spy(critic, ids_NT, lengths_N):
+        calls.append((torch.is_grad_enabled(), lengths_N.tolist()))
+        return packed_values(critic, ids_NT, lengths_N)
+
+    packed_values = micro_passes.packed_values
+    monkeypatch.setattr(micro_passes, "packed_values", spy)
+    got = one_step(tiny_model, algo, critic_folder, **MODES["packed"], zero_stage=zero_stage)
+    lengths = sorted(row_lengths(ragged_batch().attention_mask).tolist())
+    for grad in (False, True):  # the no-grad values pass, then the critic's micro-steps: every row, packed
+        assert sorted(n for g, ns in calls if g == grad for n in ns) == lengths, (grad, calls)
+    assert len(want[1]) == len(got[1]) == 2  # the actor's optimizer step and the critic's
+    assert_same_step(got, want)
+
+
 def test_plans_cover_every_row_once_within_the_budget_balanced_over_ranks():
     lengths = row_lengths(ragged_batch().attention_mask)
     assert sorted(lengths.tolist()) == [3, 8, 16, 20, 30, 45, 60, 300]
@@ -165,23 +213,28 @@ def test_pack_sequences_without_a_budget_is_refused():
 # -- 2 ranks ----------------------------------------------------------------------------------------------
 
 TWO_RANK_CASES = {"budget-ppo_clip-zero0": (AlgoConfig(), {**MODES["budget"]}),
-                  "packed-gspo-zero3": (AlgoConfig(policy_loss="gspo"), {**MODES["packed"], "zero_stage": 3})}
+                  "packed-gspo-zero3": (AlgoConfig(policy_loss="gspo"), {**MODES["packed"], "zero_stage": 3}),
+                  "packed-gae-zero0": (GAE, {**MODES["packed"]})}  # the critic from `critic_folder`
 
 
-def _rank_main(rank: int, port: int, model: str, queue) -> None:
+def _critic_of(algo: AlgoConfig, critic_folder: str) -> str | None:
+    return critic_folder if algo.advantage.type == "gae" else None
+
+
+def _rank_main(rank: int, port: int, model: str, critic_folder: str, queue) -> None:
     """One of 2 learner ranks (a spawned process): each case's step, sent back to the test."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     for name, (algo, cfg) in TWO_RANK_CASES.items():
-        m, grads, adv = one_step(model, algo, **cfg)
+        m, grads, adv = one_step(model, algo, _critic_of(algo, critic_folder), **cfg)
         # numpy arrays travel by value; a tensor would travel as shared memory this process frees on exit
         grads = [[g.numpy() for g in step] for step in grads] if cfg.get("zero_stage", 0) == 0 else None
         m.token_values = {k: v.numpy() for k, v in m.token_values.items()}  # the viewer's (B, T) values, by value
         queue.put((rank, name, m, grads, adv.numpy()))
 
 
-def test_two_ranks_equal_the_padded_step_of_one(tiny_model):
+def test_two_ranks_equal_the_padded_step_of_one(tiny_model, critic_folder):
     import multiprocessing
 
     from agentrl.learner.dist import free_port
@@ -189,7 +242,7 @@ def test_two_ranks_equal_the_padded_step_of_one(tiny_model):
 
     ctx = multiprocessing.get_context("spawn")
     queue, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, tiny_model, queue)) for r in range(2)]
+    procs = [ctx.Process(target=_rank_main, args=(r, port, tiny_model, critic_folder, queue)) for r in range(2)]
     for p in procs:
         p.start()
     got = {}
@@ -204,7 +257,7 @@ def test_two_ranks_equal_the_padded_step_of_one(tiny_model):
             if p.is_alive():
                 p.kill()
     for name, (algo, cfg) in TWO_RANK_CASES.items():
-        want = one_step(tiny_model, algo, **PADDED, zero_stage=cfg.get("zero_stage", 0))
+        want = one_step(tiny_model, algo, _critic_of(algo, critic_folder), **PADDED, zero_stage=cfg.get("zero_stage", 0))
         (merged,) = merge_rank_metrics([[got[name][r][0]] for r in range(2)])
         grads = got[name][0][1]
         if grads is None:  # ZeRO-3: each rank holds a partition; the global norm stands for the gradient

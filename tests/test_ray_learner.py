@@ -139,12 +139,15 @@ def test_a_dead_rank_ends_the_step_with_a_clear_error(ray_local, tiny_model):
 def test_rank_metrics_merge_by_token_share():
     from agentrl.learner.ray_ranks import merge_rank_metrics
 
-    r0 = [StepMetrics(-0.5, 2.0, 1.0, 8, 30, {"is_weight_mean": 1.0, "ratio_max": 1.1, "stale0/tokens": 30.0}, 10)]
-    r1 = [StepMetrics(-0.25, 2.0, 1.5, 8, 30, {"is_weight_mean": 1.3, "ratio_max": 1.4, "stale0/tokens": 30.0}, 20)]
+    r0 = [StepMetrics(-0.5, 2.0, 1.0, 8, 30, {"is_weight_mean": 1.0, "ratio_max": 1.1, "stale0/tokens": 30.0,
+                                              "critic/loss": 0.5}, 10)]
+    r1 = [StepMetrics(-0.25, 2.0, 1.5, 8, 30, {"is_weight_mean": 1.3, "ratio_max": 1.4, "stale0/tokens": 30.0,
+                                               "critic/loss": 0.25}, 20)]
     (m,) = merge_rank_metrics([r0, r1])
     assert m.loss == pytest.approx(-0.75)  # each rank's loss is already its share of the step's
     assert m.policy["is_weight_mean"] == pytest.approx((10 * 1.0 + 20 * 1.3) / 30)
     assert m.policy["ratio_max"] == 1.4 and m.policy["stale0/tokens"] == 30.0
+    assert m.policy["critic/loss"] == pytest.approx(0.75)  # like `loss`, each rank's part of the step's
     assert (m.step_time_s, m.n_tokens, m.share, m.grad_norm) == (1.5, 30, 30, 2.0)
 
 

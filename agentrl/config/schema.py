@@ -194,7 +194,7 @@ class LearnerConfig(OptimConfig):
     pack_sequences: bool = Field(
         False, description="with micro_batch_tokens: each micro-batch's rows run as one row, positions restarting "
         "per sequence and no attention across them (no padding; flash-attention's varlen kernels where installed). "
-        "The critic runs the same rows padded to their longest, and a group's prompt is no longer run once "
+        "The reference, teacher and critic passes run packed too; a group's prompt is no longer run once "
         "(agentrl.learner.shared_prefix)")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per batch (each bumps the version)")
     num_threads: int = Field(1, ge=1, le=256, description="torch threads for the learner")

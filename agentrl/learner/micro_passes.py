@@ -9,7 +9,7 @@ from functools import partial
 
 import torch
 
-from agentrl.learner.packed_forward import packed_logprobs
+from agentrl.learner.packed_forward import packed_logprobs, packed_values
 from agentrl.learner.packing import Micro, gather_planned, owned_rows, plan_micro_batches, row_lengths
 from agentrl.learner.policy_head import head_logprobs
 from agentrl.learner.shared_prefix import scored_logprobs
@@ -43,19 +43,23 @@ class MicroPasses:
         return (widen(logp, T), None if entropy is None else widen(entropy, T)) if with_entropy else widen(logp, T)
 
     def _forward_values(self, batch: TrainBatch, rows: slice | Micro) -> torch.Tensor:
-        """(B, T) V(s_t): the value of the state before token t, read at position t - 1. The critic's forward
-        takes no positions, so a packed micro-batch's rows run padded to their longest here."""
+        """(B, T) V(s_t): the value of the state before token t, read at position t - 1 (0 at t = 0). A packed
+        micro-batch runs as one row (`packed_forward.packed_values`)."""
         index, width = (rows.rows, rows.width) if isinstance(rows, Micro) else (rows, batch.input_ids.shape[1])
         ids, attn = (t[index, :width].to(self.device) for t in (batch.input_ids, batch.attention_mask))
-        values = self.critic(input_ids=ids, attention_mask=attn)
+        if isinstance(rows, Micro) and rows.packed:
+            values = packed_values(self.critic, ids, attn.sum(1))
+        else:
+            values = self.critic(input_ids=ids, attention_mask=attn)
         return widen(torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1).float(), batch.input_ids.shape[1])
 
-    def _plan(self, batch: TrainBatch, rows: range, train: bool, packed: bool | None = None) -> list[list[Micro]]:
+    def _plan(self, batch: TrainBatch, rows: range, train: bool) -> list[list[Micro]]:
         """[rank][k] micro-batches of `rows` (`packing.plan_micro_batches`): training takes `micro_per_mini`
-        row-count slices (or the token plan); a no-grad pass, micro_batch_size rows each (or the token plan)."""
-        packed = self.cfg.pack_sequences if packed is None else packed
+        row-count slices (or the token plan); a no-grad pass, micro_batch_size rows each (or the token plan).
+        Every engine (actor, reference, teacher, critic) runs the same plan, packed with learner.pack_sequences."""
         return plan_micro_batches(row_lengths(batch.attention_mask), rows, self.world, self.cfg.micro_batch_size,
-                                  self.cfg.micro_batch_tokens, packed, self.micro_per_mini if train else None)
+                                  self.cfg.micro_batch_tokens, self.cfg.pack_sequences,
+                                  self.micro_per_mini if train else None)
 
     def _empty_forward(self, engine) -> torch.Tensor:
         """0 from a 1-token forward of `engine`: a rank with no rows in a micro-step still joins its collectives
@@ -66,7 +70,7 @@ class MicroPasses:
     @torch.no_grad()
     def _over_micro_batches(self, batch: TrainBatch, fn, engine) -> torch.Tensor:
         """(B, T) values of `fn` for the whole batch: this rank's rows in micro-batches, the rest gathered."""
-        plan = self._plan(batch, range(batch.size), train=False, packed=self.cfg.pack_sequences and engine is not self.critic)
+        plan = self._plan(batch, range(batch.size), train=False)
         outs = []
         for micro in plan[self.rank]:
             if micro.empty:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentrl.config import OptimConfig
+from agentrl.config import LearnerConfig, OptimConfig
 
 
 def lr_factor(step: int, kind: str, warmup: int, total: int, min_ratio: float) -> float:
@@ -100,6 +100,16 @@ def eval_engine(module: torch.nn.Module, opt: OptimConfig, micro_batch_size: int
     return engine
 
 
+def frozen_causal_lm(path: str, learner: LearnerConfig):
+    """A frozen causal LM read from `path` (the reference, the teacher on the learner): float32 weights, no
+    dropout, in an eval-only engine placed like every frozen model of the learner (`eval_engine`: ZeRO-3 with
+    a ZeRO-3 actor or with learner.reference_offload, else ZeRO-0), micro_batch_size rows a no-grad pass."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return eval_engine(disable_dropout(model), learner, learner.micro_batch_size, learner.reference_offload)
+
+
 def frozen_engine(module: torch.nn.Module, micro_batch_size: int, offload: bool):
     """A frozen model in its own eval-only engine (ZeRO-0; ZeRO-3 with parameters on CPU when `offload`),
     setting up the process group if needed. The reward-model scorer takes this as its `engine_factory`."""
@@ -171,10 +181,14 @@ class ValueModel(torch.nn.Module):
         """The body's Hugging Face config (peft and DeepSpeed read `model.config`)."""
         return self.body.config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) float32 values, one per position: the value of the state ending at token t.
-        Positions are 0..T-1 (right padding); padded positions get values that callers mask out."""
-        hidden_BTH = self.body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        Without position_ids, positions are 0..T-1 (right padding); padded positions get values that callers
+        mask out. With position_ids restarting at 0 and no attention_mask, one row holds several packed
+        sequences that do not attend to each other (`packed_forward`)."""
+        hidden_BTH = self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
         return self.value_head(hidden_BTH.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:

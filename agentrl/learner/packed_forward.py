@@ -6,6 +6,8 @@ sequence, and the causal mask becomes block-diagonal (SDPA and eager: a dense (N
 attention 2/3: the varlen kernels with cu_seqlens taken from the positions, nothing materialised).
 Positions restart at 0 in each sequence, so rotary embeddings see what the padded row saw.
 
+The critic's `ValueModel` runs packed the same way (`packed_values`): its body reads the same positions.
+
 Only the logits a scored token reads are computed: `logits_to_keep` takes the index of every position
 just before a scored token (the logit tail of `logit_tail`, exactly: no prompt, env or padding logits).
 """
@@ -32,6 +34,12 @@ def unpack(values_1S: torch.Tensor, real_NT: torch.Tensor) -> torch.Tensor:
     out = values_1S.new_zeros(real_NT.shape)
     out[real_NT] = values_1S[0]
     return out
+
+
+def packed_values(critic, ids_NT: torch.Tensor, lengths_N: torch.Tensor) -> torch.Tensor:
+    """(N, T) the critic's value at each real position of each row, 0 after, from one packed forward."""
+    flat_ids, positions, real = packed_inputs(ids_NT, lengths_N)
+    return unpack(critic(input_ids=flat_ids, position_ids=positions), real)
 
 
 def packed_logprobs(model, ids_NT: torch.Tensor, lengths_N: torch.Tensor, scored_NT: torch.Tensor,

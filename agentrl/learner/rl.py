@@ -29,7 +29,7 @@ from agentrl.learner.packing import Micro, gather_planned, owned_rows, padding_r
 from agentrl.learner.shared_prefix import MIN_SAVED
 from agentrl.learner.spec import LearnerSpec
 from agentrl.learner.teacher import build_teacher, distill_into
-from agentrl.learner.models import (ModelEMA, disable_dropout, eval_engine, load_causal_lm, load_value_model,
+from agentrl.learner.models import (ModelEMA, disable_dropout, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_parts import accumulate, kl_controller, local_grad_norm, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
@@ -89,10 +89,9 @@ class Learner(MicroPasses):
         self.device = self.engine.device
         self.reference = None
         if algo.has_kl:
-            from transformers import AutoModelForCausalLM
+            from agentrl.learner.models import frozen_causal_lm
 
-            ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-            self.reference = eval_engine(ref, cfg, cfg.micro_batch_size, cfg.reference_offload)
+            self.reference = frozen_causal_lm(model_path, cfg)
         self.teacher = build_teacher(spec)  # algo.teacher on the learner: frozen, scored at temperature 1
         self.critic = None
         if algo.advantage.type == "gae":  # the spec holds a critic and its folder with gae
@@ -110,8 +109,8 @@ class Learner(MicroPasses):
         self.share_min_saved = MIN_SAVED  # a group runs its prompt once when that saves this many multiply-adds
         self.n_micro = self.micro_per_mini  # micro-batches of the optimizer step under way (the token plan's count)
         if cfg.pack_sequences:
-            log.info("learner.pack_sequences: micro-batches run packed, without padding; a group's shared prompt "
-                     "runs once per row (shared-prefix passes are off) and the critic runs its rows padded")
+            log.info("learner.pack_sequences: micro-batches run packed, without padding (actor, reference, teacher "
+                     "and critic); a group's shared prompt runs once per row (shared-prefix passes are off)")
 
     # -- advantages -------------------------------------------------------------------------------
 
@@ -234,7 +233,7 @@ class Learner(MicroPasses):
         one backs up a zero loss: ZeRO's collectives need every rank's pass). Metrics weigh by scored tokens."""
         total = self._loss_units(engine, batch.loss_mask[rows.start:rows.stop])
         loss_sum, metric_rows, grad_norm = 0.0, [], float("nan")
-        slices = self._plan(batch, rows, train=True, packed=self.cfg.pack_sequences and engine is not self.critic)
+        slices = self._plan(batch, rows, train=True)
         slices = slices[self.rank]
         self.n_micro = len(slices)
 

@@ -5,11 +5,9 @@ With placement engine the teacher's log-probs arrive on the batch from the episo
 
 from __future__ import annotations
 
-import torch
-
 from agentrl.algo import combine_advantages, distill_advantages, distill_metrics
 from agentrl.config import TeacherConfig
-from agentrl.learner.models import disable_dropout, eval_engine
+from agentrl.learner.models import frozen_causal_lm
 from agentrl.learner.spec import LearnerSpec
 from agentrl.types import TrainBatch
 
@@ -20,10 +18,7 @@ def build_teacher(spec: LearnerSpec):
     teacher = spec.algo.teacher
     if teacher is None or teacher.placement != "learner":
         return None
-    from transformers import AutoModelForCausalLM
-
-    model = disable_dropout(AutoModelForCausalLM.from_pretrained(spec.teacher_path, dtype=torch.float32))
-    return eval_engine(model, spec.learner, spec.learner.micro_batch_size, spec.learner.reference_offload)
+    return frozen_causal_lm(spec.teacher_path, spec.learner)
 
 
 def distill_into(batch: TrainBatch, teacher: TeacherConfig) -> dict[str, float]:

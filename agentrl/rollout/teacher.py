@@ -23,7 +23,6 @@ class TeacherScorer:
 
     def __init__(self, engine: PromptScorer) -> None:
         self.engine = engine
-        self.scored_tokens = 0
 
     async def score(self, episode: Episode) -> None:
         """Set episode.teacher_logprobs: per row, 0.0 at position 0 (nothing predicts it), then the teacher's
@@ -32,7 +31,6 @@ class TeacherScorer:
         scored = await asyncio.gather(*(self.engine.prompt_logprobs(row.tokens) for row in rows if len(row.tokens) > 1))
         it = iter(scored)
         episode.teacher_logprobs = [[0.0, *next(it)] if len(row.tokens) > 1 else [0.0] * len(row.tokens) for row in rows]
-        self.scored_tokens += sum(len(row.tokens) for row in rows)
 
     def shutdown(self) -> None:
         stop = getattr(self.engine, "shutdown", None)
