@@ -14,7 +14,10 @@ Workloads (the embedded default model, warm-started as the examples are):
 Methods (`METHODS`): `default` is what ships (decoupled PPO, truncated IS, `algo.trust_region: clip`);
 `decoupled_tis` and `bypass_dual` are the two recipes it replaced; `half_life` (the trust region's bounds
 halving every 8 versions of a token's age) and `ess_step` (the loss scaled by the importance weights'
-effective sample size, VCPO) are the staleness-aware candidates tried against it. At `max_staleness` 0 the methods are
+effective sample size, VCPO) are the staleness-aware candidates tried against it; `ahead2` keeps the trust region
+and caps generation at 2 batches ahead of the learner (`buffer.max_ahead_batches`: the bound alone lets a fast
+generator run max_staleness batches ahead, so nearly every episode trains at the bound, "share at the bound"
+below). At `max_staleness` 0 the methods are
 the same on-policy update, so only `default` runs there: it is the reference every row is compared with.
 Baselines run only at `--baseline-staleness`.
 
@@ -59,6 +62,7 @@ METHODS: dict[str, list[str]] = {
     "bypass_dual": ["algo.mode=bypass", "algo.dual_clip=3", "algo.trust_region=none"],
     "half_life": ["algo.trust_region={type: clip, half_life: 8}"],
     "ess_step": ["algo.correction={type: tis, ess_step: true}"],
+    "ahead2": ["buffer.max_ahead_batches=2"],
 }
 
 
@@ -145,9 +149,18 @@ def report(workload: str, runs: dict[tuple[str, int, int], dict], deltas: tuple[
         got = [runs[(method, s, seed)] for seed in seeds if (method, s, seed) in runs]
         step_s = statistics.mean(r["summary"]["train"]["seconds"] / steps for r in got)
         learn_s = statistics.mean(sum(x["learner_call_s"] for x in r["records"]) / steps for r in got)
-        rows.append([method, s, f"{step_s:.2f}", f"{learn_s:.2f}"])
-    print(table(["method", "max_staleness", "seconds per step", "learner seconds per step"], rows,
-                f"\n{workload}: time per step (mean over seeds)"))
+        ages = [age for r in got for age in trained_ages(r["records"])]
+        rows.append([method, s, f"{step_s:.2f}", f"{learn_s:.2f}", f"{statistics.mean(ages):.2f}",
+                     f"{sum(a == s for a in ages) / len(ages):.2f}"])
+    print(table(["method", "max_staleness", "seconds per step", "learner seconds per step",
+                 "mean trained staleness", "share at the bound"], rows,
+                f"\n{workload}: time per step and the staleness trained (episodes, mean over seeds)"))
+
+
+def trained_ages(records: list[dict]) -> list[int]:
+    """Every trained episode's staleness (learner version minus its oldest token's), from each step's
+    `staleness_hist`: what a bound of max_staleness actually trained at."""
+    return [int(age) for r in records for age, n in r.get("staleness_hist", {}).items() for _ in range(n)]
 
 
 def draw(path: str, workloads: dict[str, dict]) -> None:

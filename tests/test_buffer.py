@@ -227,7 +227,7 @@ def test_put_or_release_without_admit_is_an_error():
 # -- randomized simulation --------------------------------------------------------------------------
 
 
-async def simulate(seed: int, max_staleness: int) -> dict[str, int]:
+async def simulate(seed: int, max_staleness: int, max_ahead: int | None = None) -> dict[str, int]:
     """Producers admit and generate groups whose tokens are stamped with the engine version at several
     points in time; a learner consumes batches; a pusher updates the engine version after a lag."""
     rng = random.Random(seed)
@@ -235,7 +235,8 @@ async def simulate(seed: int, max_staleness: int) -> dict[str, int]:
     gpb = rng.choice([1, 2, 3])
     n_producers = rng.randint(1, 3 * gpb + 2)
     n_steps = rng.randint(6, 14)
-    buf = StalenessBuffer(batch_size=gpb * group_size, group_size=group_size, max_staleness=max_staleness)
+    buf = StalenessBuffer(batch_size=gpb * group_size, group_size=group_size, max_staleness=max_staleness,
+                          max_ahead_batches=max_ahead)
 
     V = 0  # learner version
     admitted = holding = failed_groups = 0
@@ -275,6 +276,8 @@ async def simulate(seed: int, max_staleness: int) -> dict[str, int]:
             admitted += 1
             holding += 1
             assert buf.issued_groups <= buf.capacity_groups
+            if max_ahead is not None:  # generation never runs more than max_ahead batches ahead
+                assert buf.issued_groups - buf.stats()["groups_returned"] <= max_ahead * gpb
             assert v0 <= V
             try:
                 gid = next(next_gid)
@@ -350,6 +353,36 @@ def test_randomized_simulation_respects_staleness_bound(max_staleness):
     assert totals["groups_failed"] > 0 and totals["groups_released"] > 0
     if max_staleness > 0:
         assert totals["groups_dropped_stale"] > 0
+
+
+@pytest.mark.parametrize("max_staleness,max_ahead", [(4, 1), (16, 2), (1, 3)])
+def test_randomized_simulation_with_a_cap_on_batches_ahead(max_staleness, max_ahead):
+    """The cap holds at every admission (asserted inside), every batch still arrives (liveness: the learner
+    takes all its steps), and the bound still holds."""
+    totals: Counter[str] = Counter()
+    for seed in range(25):
+        totals.update(asyncio.run(simulate(seed * 104729 + max_staleness, max_staleness, max_ahead)))
+    assert totals["groups_released"] > 0
+
+
+def test_max_ahead_batches_caps_admission_below_the_bound():
+    async def main():
+        with pytest.raises(ValueError, match="max_ahead_batches"):
+            StalenessBuffer(batch_size=4, group_size=2, max_staleness=16, max_ahead_batches=0)
+        buf = StalenessBuffer(batch_size=4, group_size=2, max_staleness=16, max_ahead_batches=2)  # G = 2
+        assert buf.capacity_groups == 4  # 2 batches, where the bound alone allows 17
+        assert [await buf.admit() for _ in range(4)] == [0, 0, 0, 0]
+        waiter = asyncio.create_task(buf.admit())
+        await settle()
+        assert not waiter.done()
+        buf.put(make_group(0, [0], [0]))
+        buf.put(make_group(1, [0], [0]))
+        await buf.get_batch(0)  # one batch handed over: two more groups may start, on the same engine version
+        assert await waiter == 0 and buf.capacity_groups == 6
+        uncapped = StalenessBuffer(batch_size=4, group_size=2, max_staleness=16)
+        assert uncapped.capacity_groups == 17 * 2
+
+    run(main())
 
 
 def test_several_optimizer_steps_a_batch_admit_one_batch_a_step_and_drop_nothing():

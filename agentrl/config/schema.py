@@ -145,6 +145,11 @@ class BufferConfig(StrictModel):
     batch_size: int = Field(64, ge=1, le=1_000_000, description="episodes per learner batch (multiple of n_samples)")
     max_staleness: int = Field(1, ge=0, le=1000,
                                description="max learner version minus oldest token version; 0 = on-policy")
+    max_ahead_batches: int | None = Field(
+        None, ge=1, le=1000, description="batches generation may run ahead of the learner (groups admitted and not "
+        "yet trained <= this many batches); None = as far as max_staleness allows. When generation outruns the "
+        "learner, the bound alone makes nearly every token max_staleness old; this keeps the bulk fresh while the "
+        "bound still admits stragglers")
 
 
 class LoraConfig(StrictModel):

@@ -154,7 +154,8 @@ class RLRun:
         self.pool = RolloutPool(self.fleet, spec, scorer, teacher)
         self.stream = TaskStream(prep.train_tasks, cfg.data.seed)
         self.buffer = StalenessBuffer(cfg.buffer.batch_size, cfg.rollout.n_samples, cfg.buffer.max_staleness,
-                                      engine_version=self.fleet.version, versions_per_batch=cfg.learner.mini_batches)
+                                      engine_version=self.fleet.version, versions_per_batch=cfg.learner.mini_batches,
+                                      max_ahead_batches=cfg.buffer.max_ahead_batches)
         self.fleet.on_version = self.buffer.set_engine_version  # the oldest version any engine serves
         self.producer = Producer(self.buffer, self.pool, self.stream.__getitem__, cfg.rollout.n_samples,
                                  cfg.algo.dynamic_filter,
