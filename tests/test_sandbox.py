@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECRET = f"sk-sandbox-test-{uuid.uuid4().hex}"
 ISOLATIONS = ("bwrap", "unshare")
 LIMITS = ["--timeout", "3", "--cpu-s", "1", "--memory-mb", "128", "--processes", "32", "--output-bytes", "8192",
-          "--tmp-mb", "8"]
+          "--tmp-mb", "8", "--shm-mb", "4"]
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
@@ -80,11 +80,12 @@ def call(url: str, code: str, name: str = "python") -> dict:
 
 
 def running(marker: str) -> list[int]:
-    """Host pids whose command line holds `marker`."""
+    """Host pids whose command line holds `marker`, or whose name (comm, 15 bytes) starts with it."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes() or \
+                    Path(f"/proc/{pid}/comm").read_bytes().startswith(marker.encode()[:15]):
                 found.append(int(pid))
         except OSError:
             pass
@@ -177,7 +178,7 @@ print("pids", len(pids), "server visible", os.path.exists("/proc/{server_pid}"),
 """,
     "writing outside the tmpfs": """
 import os
-for path in ["/usr/x", "/x", "/dev/x", "/proc/x", {project_file!r}, "/bin/x"]:
+for path in ["/usr/x", "/x", "/dev/x", "/proc/x", {project_file!r}, "/bin/x", "/etc/hosts"]:
     try:
         open(path, "w").write("x")
         print("WROTE", path)
@@ -199,9 +200,8 @@ for pid, sig in [(os.getppid(), signal.SIGKILL), (1, signal.SIGKILL), ({server_p
 }
 
 
-@pytest.mark.parametrize("case", ESCAPES)
-def test_escape_is_contained(server, case):
-    url, server_pid = server
+def assert_contained(url: str, server_pid: int, case: str) -> None:
+    """ESCAPES[case] sent to the server at `url` (whose pid is `server_pid`) did nothing it tried."""
     project_file = ROOT / "escape-was-here.txt"
     code = ESCAPES[case].format(port=url.rsplit(":", 1)[1], project=str(ROOT / "pyproject.toml"),
                                 key=os.path.expanduser("~") + "/.ssh/id_rsa", secret=SECRET, server_pid=server_pid,
@@ -219,9 +219,14 @@ def test_escape_is_contained(server, case):
     elif case.startswith("killing"):
         assert f"refused {server_pid} 3" in out, out  # ESRCH: the server is not in the sandbox's pid namespace
     elif case.startswith("writing"):
-        assert out.count("blocked") == 6 and "tmp fine" in out and not project_file.exists(), out
+        assert out.count("blocked") == 7 and "tmp fine" in out and not project_file.exists(), out
     assert not project_file.exists()
     assert_still_serving(url)
+
+
+@pytest.mark.parametrize("case", ESCAPES)
+def test_escape_is_contained(server, case):
+    assert_contained(*server, case)
 
 
 def test_resource_bombs_are_contained(server):
@@ -270,6 +275,51 @@ print("parent done")
 """
     assert call(url, daemon) == {"content": "parent done\n", "is_error": False}
     assert leftovers(marker) == []
+    assert_still_serving(url)
+
+
+def test_etc_and_names_say_nothing_of_the_host(server):
+    """/etc holds only `hosts`: localhost resolves, and a server the code starts there is reachable (on the
+    sandbox's own loopback); getpass.getuser() answers from USER, without the host's user database."""
+    code = ("import getpass, os, socket\nserver = socket.create_server(('localhost', 0))\n"
+            "socket.create_connection(server.getsockname(), timeout=2)\n"
+            "print(os.listdir('/etc'), open('/etc/hosts').read().split(), socket.gethostname(), getpass.getuser())")
+    assert call(server[0], code) == {"content": "['hosts'] ['127.0.0.1', 'localhost', '::1', 'localhost'] sandbox "
+                                                "sandbox\n", "is_error": False}
+
+
+def test_multiprocessing_gets_a_fresh_bounded_dev_shm(server):
+    url, _ = server
+    pool = call(url, "import multiprocessing as mp\nwith mp.Pool(2) as pool:\n    print(pool.map(abs, [-1, -2, -3]))")
+    assert pool == {"content": "[1, 2, 3]\n", "is_error": False}  # its locks are semaphores in /dev/shm
+    # 6 MiB: over --shm-mb 4 (the tmpfs is full), under --tmp-mb 8 (RLIMIT_FSIZE would say "File too large")
+    full = call(url, "import os\nprint(os.listdir('/dev/shm'))\nopen('/dev/shm/left', 'w').write('x')\n"
+                     "open('/dev/shm/big', 'wb').write(b'x' * (6 << 20))")
+    assert full["is_error"] and full["content"].startswith("[]\n") and "No space left on device" in full["content"]
+    assert call(url, "import os; print(os.listdir('/dev/shm'))")["content"] == "[]\n"  # nothing of the last call
+
+
+def test_multiprocessing_fork_bomb_is_contained(server):
+    url, _ = server
+    tag = uuid.uuid4().hex[:15]  # every bomb process names itself (comm) so the host can look for it
+    bomb = f"""
+import multiprocessing as mp
+def bomb(depth):
+    open("/proc/self/comm", "w").write("{tag}")
+    said = False
+    while True:
+        try:
+            mp.Process(target=bomb, args=(depth + 1,)).start()
+        except OSError as exc:
+            if depth == 0 and not said:
+                print("refused", exc.errno, flush=True)
+                said = True
+bomb(0)
+"""
+    result = call(url, bomb)
+    assert result["content"].startswith("refused 11\n"), result  # EAGAIN: RLIMIT_NPROC (--processes 32)
+    assert result["is_error"] and ("timeout after 3.0 s" in result["content"] or "SIGXCPU" in result["content"])
+    assert leftovers(tag) == []
     assert_still_serving(url)
 
 
@@ -323,7 +373,6 @@ def test_sandbox_fusion_client(server):
     with pytest.raises(Exception, match="language 'cpp' is not supported"):
         run_code(RunCodeRequest(code="int main(){}", language="cpp"), endpoint=url, max_attempts=1)
     assert_still_serving(url)
-
 
 
 def test_killed_server_leaves_no_sandbox_behind(servers):

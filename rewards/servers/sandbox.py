@@ -10,7 +10,9 @@ Run it with `python -m rewards.servers.sandbox --port 8766` (loopback by default
                        or a nonzero exit is is_error true with a line such as "[timeout after 5.0 s]"
                     -> 404 unknown tool; 400 body not {"name", "arguments"}
     POST /run_code  Sandbox Fusion's API (the `sandbox-fusion` client's RunCodeRequest -> RunCodeResponse),
-                    languages "python" and "bash"; fetch_files is refused by name
+                    languages "python" and "bash"; fetch_files is refused by name; `memory_limit_MB` (a
+                    field of Sandbox Fusion's server the 0.3.7 client lacks: raw JSON) lowers the call's
+                    address-space limit; above --memory-mb it runs at --memory-mb and `message` says so
     GET  /health    -> 200 {"status": "ok", "isolation": "bwrap" | "unshare" | "none"}
     GET  /stats     -> 200 {"calls", "failed", "timeouts", "in_flight", "max_in_flight"}
 
@@ -83,6 +85,7 @@ class RunCodeRequest(BaseModel):
     stdin: str | None = None
     files: dict[str, str | None] = {}
     fetch_files: list[str] = []
+    memory_limit_MB: int = -1  # Sandbox Fusion's default -1 (any value <= 0): the server's own limit
 
 
 ISOLATION = web.AppKey("isolation", Isolation)
@@ -94,6 +97,7 @@ POOL = web.AppKey("pool", WarmPool)
 
 async def _run(app: web.Application, mode: Literal["python", "shell"], code: str, merge_stderr: bool = True,
                **kwargs: Any) -> RunResult:
+    """One call under the server's limits (`kwargs` may lower wall_s and memory_mb: run_sandboxed)."""
     stats = app[STATS]
     async with app[SLOTS]:
         stats["in_flight"] += 1
@@ -165,10 +169,14 @@ async def run_code(request: web.Request) -> web.Response:
                                  status=400)
     limits = request.app[CONFIG].limits
     wall_s = min(req.run_timeout, limits.wall_s)
+    memory_mb = min(req.memory_limit_MB, limits.memory_mb) if req.memory_limit_MB > 0 else None
+    clamped = (f"memory_limit_MB {req.memory_limit_MB} is above this server's maximum: ran with "
+               f"{limits.memory_mb} MiB" if req.memory_limit_MB > limits.memory_mb else "")
     result = await _run(request.app, mode, req.code, wall_s=wall_s,  # type: ignore[arg-type]
-                        stdin=(req.stdin or "").encode(), merge_stderr=False, files=files)
+                        stdin=(req.stdin or "").encode(), merge_stderr=False, files=files, memory_mb=memory_mb)
+    message = "; ".join(filter(None, [result.describe_failure(limits, wall_s), clamped]))
     return web.json_response({"status": "Success" if result.ok else "Failed",
-                              "message": result.describe_failure(limits, wall_s), "compile_result": None,
+                              "message": message, "compile_result": None,
                               "run_result": _command_result(result, wall_s, limits), "executor_pod_name": None,
                               "files": {}})
 

@@ -3,9 +3,13 @@ process credentials it starts with, and the start-up probe that picks one or say
 
 Every isolation runs the same in-sandbox code (sandbox_boot.py, after sandbox_unshare.py for
 `unshare`) on the system python, from a clean environment. bwrap and unshare give each call fresh
-user, pid, mount, network, ipc and uts namespaces: no network (not even the host's loopback), a root
-holding only read-only binds of /usr, /bin, /lib* and the interpreter's prefix, a fresh /proc that
-shows only the sandbox's own processes, and a size-bounded tmpfs at /tmp as the one writable place.
+user, pid, mount, network, ipc and uts namespaces: no network (not even the host's loopback; a loopback
+of its own), a root holding only read-only binds of /usr, /bin, /lib* and the interpreter's prefix, an
+/etc with only `hosts` (localhost), the hostname "sandbox", a fresh /proc that shows only the sandbox's
+own processes, and two size-bounded tmpfs as the only writable places: /tmp (the working directory) and
+/dev/shm (POSIX shared memory, which multiprocessing's locks and queues need; the rest of /dev stays
+read-only). Both are fresh for each call; what is written there is host memory the sandbox's RLIMIT_AS
+does not see, so their sizes (SandboxLimits.tmp_mb, shm_mb) are what bound it.
 A server running as root starts sandboxes as an unprivileged uid (nobody): root's processes are
 exempt from RLIMIT_NPROC, and bwrap started by root would keep root's uid inside. setpriv (util-linux)
 does that drop, and sets a parent-death SIGKILL so a sandbox never outlives a killed server.
@@ -13,6 +17,7 @@ does that drop, and sets a parent-death SIGKILL so a sandbox never outlives a ki
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import marshal
 import os
@@ -20,7 +25,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 log = logging.getLogger(__name__)
 IsolationName = Literal["auto", "bwrap", "unshare", "none"]
@@ -28,7 +33,13 @@ HERE = Path(__file__).resolve().parent
 BOOT_SOURCE = (HERE / "sandbox_boot.py").read_text()
 UNSHARE_SOURCE = (HERE / "sandbox_unshare.py").read_text()
 SYSTEM_FOLDERS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+# USER and LOGNAME: getpass.getuser() (and the tools that name caches after it) asks them before the
+# user database, which the sandbox does not have
+CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+             "USER": "sandbox", "LOGNAME": "sandbox"}
+# the sandbox's whole /etc: "localhost" resolves (a server the code starts on its own loopback, which the
+# network namespace has); nothing of the host's /etc (users, keys, hostnames, resolvers) is there
+ETC_HOSTS = b"127.0.0.1 localhost\n::1 localhost\n"
 SANDBOX_CWD = "/tmp"
 
 
@@ -61,8 +72,9 @@ def system_layout(python: str) -> Layout:
 
 @dataclass(frozen=True)
 class Isolation:
-    """One way of starting a sandbox: `command(tmp_bytes)` is the argv (ending with the sandbox's python
-    running the in-sandbox code), behind a drop to `uid` when the server runs as root."""
+    """One way of starting a sandbox: `launch(tmp_bytes, shm_bytes)` gives the argv (ending with the
+    sandbox's python running the in-sandbox code, behind a drop to `uid` when the server runs as root)
+    and the descriptors it must inherit."""
 
     name: Literal["bwrap", "unshare", "none"]
     python: str
@@ -71,29 +83,50 @@ class Isolation:
     uid: int | None = None  # run sandboxes as this uid (when the server is root)
     setpriv: str = ""  # util-linux's setpriv: drops root to `uid`, and ties the sandbox's life to the server's
 
-    def command(self, tmp_bytes: int) -> list[str]:
+    @contextlib.contextmanager
+    def launch(self, tmp_bytes: int, shm_bytes: int) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+        """(argv, fds the sandbox must inherit), the fds closed when the block ends: bwrap reads /etc/hosts
+        from a pipe (--ro-bind-data), read once, so one per sandbox."""
+        if self.name != "bwrap":
+            yield self.command(tmp_bytes, shm_bytes), ()
+            return
+        read, write = os.pipe()
+        try:
+            try:
+                os.write(write, ETC_HOSTS)  # far below a pipe's buffer: never blocks
+            finally:
+                os.close(write)
+            yield self.command(tmp_bytes, shm_bytes, read), (read,)
+        finally:
+            os.close(read)
+
+    def command(self, tmp_bytes: int, shm_bytes: int, hosts_fd: int = -1) -> list[str]:
         drop = [self.setpriv, "--pdeathsig", "KILL"] if self.setpriv else []  # a killed server leaves no sandbox
         if self.uid:
             drop += [f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups"]
         boot = [self.python, "-I", "-u", "-c", BOOT_SOURCE]  # -u: what was printed before a kill is seen
         if self.name == "bwrap":
-            return [*drop, self.tool, *self._bwrap_args(tmp_bytes), *boot]
+            return [*drop, self.tool, *self._bwrap_args(tmp_bytes, shm_bytes, hosts_fd), *boot]
         if self.name == "unshare":
             layout = [*self.layout.binds, *(f"{link}={target}" for link, target in self.layout.symlinks.items())]
             return [*drop, self.tool, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--net", "--ipc",
                     "--uts", "--cgroup", "--kill-child", "--", self.python, "-I", "-u", "-c",
-                    UNSHARE_SOURCE + "\n" + BOOT_SOURCE, str(tmp_bytes), *layout]
+                    UNSHARE_SOURCE + "\n" + BOOT_SOURCE, str(tmp_bytes), str(shm_bytes), ETC_HOSTS.decode(),
+                    *layout]
         return [*drop, *boot]
 
-    def _bwrap_args(self, tmp_bytes: int) -> list[str]:
-        args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--clearenv"]
+    def _bwrap_args(self, tmp_bytes: int, shm_bytes: int, hosts_fd: int) -> list[str]:
+        args = ["--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--clearenv",
+                "--hostname", "sandbox"]
         for key, value in CLEAN_ENV.items():
             args += ["--setenv", key, value]
         for folder in self.layout.binds:
             args += ["--ro-bind", folder, folder]
         for link, target in self.layout.symlinks.items():
             args += ["--symlink", target, link]
-        args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        args += ["--proc", "/proc", "--dev", "/dev", "--size", str(shm_bytes), "--tmpfs", "/dev/shm",
+                 "--remount-ro", "/dev",  # /dev only: /dev/shm is a mount of its own and stays writable
+                 "--dir", "/etc", "--ro-bind-data", str(hosts_fd), "/etc/hosts",
                  "--size", str(tmp_bytes), "--tmpfs", SANDBOX_CWD, "--chdir", SANDBOX_CWD,
                  "--remount-ro", "/"]  # bwrap's own root is a tmpfs the sandbox could write to
         return args
@@ -107,8 +140,9 @@ def _probe(isolation: Isolation) -> str:
                             "limits": {"cpu_s": 5, "memory_bytes": 1 << 30, "processes": 64, "file_bytes": 1 << 20,
                                        "open_files": 64}})
     try:
-        done = subprocess.run(isolation.command(1 << 20), input=b"%d\n" % len(header) + header,
-                              capture_output=True, env=CLEAN_ENV, timeout=30)
+        with isolation.launch(1 << 20, 1 << 20) as (argv, fds):
+            done = subprocess.run(argv, input=b"%d\n" % len(header) + header, capture_output=True, env=CLEAN_ENV,
+                                  timeout=30, pass_fds=fds)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{isolation.tool or isolation.python}: {exc}"
     out = done.stdout.decode(errors="replace").split()

@@ -17,12 +17,14 @@ import subprocess
 
 
 class ChildProcess:
-    """`argv` started in its own session with piped stdin and stdout (and stderr, or stderr into stdout)."""
+    """`argv` started in its own session with piped stdin and stdout (and stderr, or stderr into stdout),
+    inheriting `pass_fds` and no other descriptor."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], merge_stderr: bool) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], merge_stderr: bool,
+                 pass_fds: tuple[int, ...] = ()) -> None:
         self.popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, env=env,
-                                      cwd="/", start_new_session=True)
+                                      cwd="/", start_new_session=True, pass_fds=pass_fds)
         self.pid = self.popen.pid
         self.stdout: asyncio.StreamReader | None = None
         self.stderr: asyncio.StreamReader | None = None

@@ -27,7 +27,8 @@ from rewards.servers.sandbox_proc import ChildProcess
 
 
 class SandboxLimits(BaseModel):
-    """Per-call limits; a call may ask for a shorter wall time, never for more of anything."""
+    """Per-call limits; a call may ask for a shorter wall time or less memory, never for more of anything.
+    /tmp's and /dev/shm's sizes are set when a sandbox starts (a warm one included), the rest by the call."""
 
     model_config = ConfigDict(extra="forbid")
     wall_s: float = Field(10.0, gt=0, le=600, description="wall-clock seconds before the call is killed")
@@ -37,6 +38,8 @@ class SandboxLimits(BaseModel):
     output_bytes: int = Field(65536, ge=1024, le=64 << 20,
                               description="stdout+stderr bytes kept; more kills the call")
     tmp_mb: int = Field(64, ge=1, le=1 << 14, description="size of the writable tmpfs at /tmp, MiB")
+    shm_mb: int = Field(16, ge=1, le=1 << 14, description="size of the writable tmpfs at /dev/shm (POSIX shared "
+                                                         "memory: multiprocessing's semaphores), MiB")
     open_files: int = Field(256, ge=16, le=65536, description="open file descriptors (RLIMIT_NOFILE)")
 
     def boot_limits(self) -> dict[str, int]:
@@ -109,22 +112,29 @@ async def _drain(streams: list[asyncio.StreamReader], sinks: list[bytearray], ca
 
 async def start_sandbox(isolation: Isolation, limits: SandboxLimits, merge_stderr: bool) -> ChildProcess:
     """A fresh sandbox, started up to the point where it waits for its call on stdin."""
-    return await ChildProcess(isolation.command(limits.tmp_mb << 20), dict(CLEAN_ENV), merge_stderr).attach()
+    with isolation.launch(limits.tmp_mb << 20, limits.shm_mb << 20) as (argv, fds):
+        proc = ChildProcess(argv, dict(CLEAN_ENV), merge_stderr, fds)
+    return await proc.attach()
 
 
 async def run_sandboxed(isolation: Isolation, mode: Literal["python", "shell"], code: str, limits: SandboxLimits,
                         *, wall_s: float | None = None, stdin: bytes = b"", files: dict[str, bytes] | None = None,
-                        merge_stderr: bool = True, started: ChildProcess | None = None) -> RunResult:
+                        merge_stderr: bool = True, started: ChildProcess | None = None,
+                        memory_mb: int | None = None) -> RunResult:
     """Run `code` (Python source, or a /bin/sh command) in a fresh sandbox (`started`: one started ahead
     with the same isolation, limits and merge_stderr, never used before); `files` maps names relative to
-    the working directory to contents written before the code starts."""
+    the working directory to contents written before the code starts. `wall_s` and `memory_mb` lower
+    the limits' own for this call; a value above them is cut to them."""
     wall_s = min(wall_s or limits.wall_s, limits.wall_s)
+    if memory_mb is not None and memory_mb < 1:
+        raise ValueError(f"memory_mb must be a positive number of MiB, not {memory_mb}")
+    call_limits = limits.model_copy(update={"memory_mb": min(memory_mb or limits.memory_mb, limits.memory_mb)})
     host_dir = tempfile.mkdtemp(prefix="agentrl-sandbox-") if isolation.name == "none" else None
     if host_dir and isolation.uid:
         os.chown(host_dir, isolation.uid, isolation.uid)
     t0 = time.perf_counter()
     proc = started or await start_sandbox(isolation, limits, merge_stderr)
-    proc.write_stdin(_header(mode, code, files or {}, host_dir or SANDBOX_CWD, limits) + stdin)
+    proc.write_stdin(_header(mode, code, files or {}, host_dir or SANDBOX_CWD, call_limits) + stdin)
     streams = [proc.stdout] if merge_stderr else [proc.stdout, proc.stderr]
     timed_out = overflow = False
     sinks = [bytearray() for _ in streams]

@@ -3,12 +3,14 @@
 
 `unshare --user --map-root-user --mount --pid --fork --net --ipc --uts --cgroup` gives this process
 root in a fresh user namespace (and nothing outside it), pid 1 of a fresh pid namespace and a network
-namespace whose loopback is down. Here it builds a new root on a tmpfs holding only read-only binds of
-the system folders, a fresh /proc, the harmless device nodes and a size-bounded writable /tmp, makes
-that root read-only, pivots into it, drops every capability (bounding set too, plus no_new_privs) and
-forks (the code must not be the namespace's init), so the code that follows is an ordinary process that
-sees nothing of the user's files. The layout comes in sys.argv[1:]: /tmp's size in bytes, then one
-argument per bind ("/usr") or symlink ("/bin=usr/bin"); no json, whose import costs more than the rest.
+namespace of its own (no route out). Here it builds a new root on a tmpfs holding only read-only binds
+of the system folders, a fresh /proc, the harmless device nodes, an /etc with only `hosts` and
+size-bounded writable tmpfs at /tmp and /dev/shm, makes that root read-only, pivots into it, brings up
+the namespace's own loopback and names the host "sandbox", drops every capability (bounding set too,
+plus no_new_privs) and forks (the code must not be the namespace's init), so the code that follows is
+an ordinary process that sees nothing of the user's files. The layout comes in sys.argv[1:]: /tmp's
+and /dev/shm's sizes in bytes, /etc/hosts' text (the root's only /etc file), then one argument per
+bind ("/usr") or symlink ("/bin=usr/bin"); no json, whose import costs more than the rest.
 Standard library only, Python 3.8 syntax: it runs on the system python.
 """
 
@@ -25,6 +27,7 @@ _KEPT = os.ST_NOEXEC | os.ST_NOATIME | os.ST_NODIRATIME | os.ST_RELATIME
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _NEW_ROOT = "/tmp"  # any existing folder: the new root is mounted over it, then pivoted into
+HOSTNAME = b"sandbox"  # as bwrap's --hostname in sandbox_isolation.py
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -51,7 +54,7 @@ def _bind_read_only(source, target, is_file=False):
     _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV * (not is_file) | kept)
 
 
-def _build_root(tmp_bytes, entries):
+def _build_root(tmp_bytes, shm_bytes, hosts, entries):
     root = _NEW_ROOT
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here propagates back to the host
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
@@ -66,6 +69,11 @@ def _build_root(tmp_bytes, entries):
     os.mkdir(root + "/dev")
     for name in _DEVICES:
         _bind_read_only("/dev/" + name, root + "/dev/" + name, is_file=True)
+    os.mkdir(root + "/dev/shm")  # a mount of its own: writable after the root is made read-only
+    _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=1777" % shm_bytes)
+    os.mkdir(root + "/etc")
+    with open(root + "/etc/hosts", "w") as f:  # read-only with the root, below
+        f.write(hosts)
     os.mkdir(root + "/tmp")
     _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=1777" % tmp_bytes)
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -74,6 +82,21 @@ def _build_root(tmp_bytes, entries):
     _check(_libc.syscall(_PIVOT_ROOT[os.uname().machine], b".", b"."), "pivot_root")
     _check(_libc.umount2(b".", MNT_DETACH), "detach the old root")
     os.chdir("/")
+
+
+def _network_and_name():
+    """What bwrap does besides mounts: the network namespace's loopback up (unshare leaves it down, so a
+    server the code starts on 127.0.0.1 would be unreachable; the host's loopback stays out of reach),
+    and a hostname that says nothing of the host's."""
+    import _socket  # the C module alone: `socket`'s imports cost more than the rest of this set-up
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    ifreq = ctypes.create_string_buffer(40)  # struct ifreq: the name, then the flags (a short) at byte 16
+    ifreq[:2] = b"lo"
+    ctypes.c_short.from_buffer(ifreq, 16).value = 0x1 | 0x8 | 0x40  # IFF_UP | IFF_LOOPBACK | IFF_RUNNING
+    _check(_libc.ioctl(sock.fileno(), 0x8914, ifreq), "bring up the loopback")  # SIOCSIFFLAGS
+    sock.close()
+    _check(_libc.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
 
 
 class _CapHeader(ctypes.Structure):
@@ -106,7 +129,8 @@ def _stay_as_init():
 
 
 def setup():
-    _build_root(int(sys.argv[1]), sys.argv[2:])
+    _build_root(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:])
+    _network_and_name()
     _drop_capabilities()
     _stay_as_init()
 
