@@ -9,6 +9,7 @@ sandboxed code tries to read. Processes left behind are found by a marker in the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -50,14 +51,22 @@ def servers(home):
     procs = {name: subprocess.Popen([sys.executable, "-m", "rewards.servers.sandbox", "--port", "0", *args], cwd=ROOT,
                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for name, args in options.items()}
+    with listening(procs) as urls:
+        for name in ISOLATIONS:
+            assert httpx.get(urls[name][0] + "/health").json() == {"status": "ok", "isolation": name}
+        yield urls
+
+
+@contextlib.contextmanager
+def listening(procs: dict[str, subprocess.Popen]):
+    """name -> (url, pid) of sandbox servers started as `procs`, once each printed its address;
+    every one terminated on the way out."""
     try:
         urls = {}
         for name, proc in procs.items():
             line = proc.stdout.readline()  # "sandbox server listening on http://127.0.0.1:<port>"
             assert line.startswith("sandbox server listening on http://127.0.0.1:"), proc.stderr.read()[-3000:]
             urls[name] = line.split()[-1], proc.pid
-        for name in ISOLATIONS:
-            assert httpx.get(urls[name][0] + "/health").json() == {"status": "ok", "isolation": name}
         yield urls
     finally:
         for proc in procs.values():

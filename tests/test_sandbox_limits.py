@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from rewards.servers import sandbox, serve
-from tests.test_sandbox import ISOLATIONS, LIMITS, ROOT, SECRET, assert_contained, call
+from tests.test_sandbox import ISOLATIONS, LIMITS, ROOT, SECRET, assert_contained, call, listening
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -79,18 +79,8 @@ def unprivileged() -> dict[str, tuple[str, int]]:
     procs = {name: subprocess.Popen([*as_nobody(python), "-m", "rewards.servers.sandbox", "--port", "0",
                                      "--isolation", name, *LIMITS], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True) for name in ISOLATIONS}
-    try:
-        urls = {}
-        for name, proc in procs.items():
-            line = proc.stdout.readline()
-            assert line.startswith("sandbox server listening on http://127.0.0.1:"), proc.stderr.read()[-3000:]
-            urls[name] = line.split()[-1], proc.pid
+    with listening(procs) as urls:
         yield urls
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            proc.wait(timeout=10)
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
