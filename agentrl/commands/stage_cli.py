@@ -118,15 +118,17 @@ def make_kind(stage: str, cfg: StageConfig, fmt):
     seed = cfg.train.seed
     if stage == "sft":
         return SFTKind(pad, cfg.data.packing, cfg.data.max_len, zero3), build_sft(cfg.data, fmt, seed)
+    packing = {"packing": cfg.data.packing, "max_len": cfg.data.max_len}
     if stage == "rm":
         after_eos = fmt.encode(fmt.after_eos) if fmt.after_eos else []
-        return RewardKind(pad, fmt.eos_id, after_eos, zero3), build_pairs(cfg.data, fmt, seed)
+        return RewardKind(pad, fmt.eos_id, after_eos, zero3, **packing), build_pairs(cfg.data, fmt, seed)
     if stage == "prm":
-        return PRMKind(pad, reward_token_ids(cfg.prm, fmt), zero3), build_prm(cfg.data, cfg.prm, fmt, seed)
+        return (PRMKind(pad, reward_token_ids(cfg.prm, fmt), zero3, **packing),
+                build_prm(cfg.data, cfg.prm, fmt, seed))
     if stage == "dpo":
-        return DPOKind(pad, cfg.dpo.model_dump(), zero3), build_pairs(cfg.data, fmt, seed)
+        return DPOKind(pad, cfg.dpo.model_dump(), zero3, **packing), build_pairs(cfg.data, fmt, seed)
     if stage == "kto":
-        return KTOKind(pad, cfg.kto.model_dump(), zero3), build_kto(cfg.data, fmt, seed)
+        return KTOKind(pad, cfg.kto.model_dump(), zero3, **packing), build_kto(cfg.data, fmt, seed)
     raise ValueError(f"unknown stage {stage!r}")
 
 

@@ -64,8 +64,11 @@ class StageDataConfig(StrictModel):
     max_len: int = Field(2048, ge=8, le=1_048_576, description="tokens per sample; longer rows are dropped and "
                                                                "counted, never cut")
     max_samples: int | None = Field(None, ge=1, description="at most this many training rows (after mixing)")
-    packing: bool = Field(False, description="SFT: several samples per row of max_len tokens, attention kept "
-                                             "inside each sample")
+    packing: bool = Field(False, description="several sequences per row of max_len tokens, positions restarting "
+                                             "and attention kept inside each: SFT packs samples into rows "
+                                             "(micro_batch_size rows a micro-batch); RM, PRM, DPO and KTO pack "
+                                             "the sequences of each micro-batch of micro_batch_size samples "
+                                             "(the reference log-probs too); the losses stay exact")
 
     @model_validator(mode="after")
     def _consistent(self) -> "StageDataConfig":

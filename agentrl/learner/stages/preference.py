@@ -4,6 +4,10 @@ The reference's sequence log-probabilities are computed once, before the first s
 starting weights (TRL's `precompute_ref_log_probs`): no second model is kept in memory, and under
 LoRA the starting model is the base with zero adapters, so nothing needs switching off. The losses are
 `agentrl.algo.preference` functions of (policy, reference) log-probs of chosen and rejected rows.
+
+With packing a micro-batch is still `micro_batch_size` samples (KTO's batch estimate of z is the mean
+over the micro-batch): only its sequences, DPO's chosen and rejected alike, share rows of `max_len`
+tokens, for the policy and for the reference log-probs both.
 """
 
 from __future__ import annotations
@@ -31,8 +35,13 @@ def _sequences(sample) -> list:
 
 
 class _PolicyVsReference:
-    def __init__(self, pad_id: int, settings: dict[str, Any], zero3: bool = False) -> None:
+    def __init__(self, pad_id: int, settings: dict[str, Any], zero3: bool = False, *, packing: bool = False,
+                 max_len: int = 2048) -> None:
         self.pad_id, self.settings, self.zero3 = pad_id, settings, zero3
+        self.pack_len = max_len if packing else None  # rows of this many tokens, or one sequence a row
+
+    def logprobs(self, engine, seqs: list) -> torch.Tensor:
+        return sequence_logprobs(engine, seqs, self.pad_id, self.pack_len)
 
     def load_model(self, path: str, optim: StageOptimConfig) -> torch.nn.Module:
         from agentrl.learner.models import load_causal_lm
@@ -45,7 +54,7 @@ class _PolicyVsReference:
         out = []
         for micro in chunks(samples, micro_batch_size):
             seqs = [s for x in micro for s in _sequences(x)]
-            logps = sequence_logprobs(engine, [s.tokens for s in seqs], [s.mask for s in seqs], self.pad_id).tolist()
+            logps = self.logprobs(engine, seqs).tolist()
             per = len(seqs) // len(micro)
             out += [WithReference(x, tuple(logps[i * per:(i + 1) * per])) for i, x in enumerate(micro)]
         engine.train()
@@ -69,8 +78,7 @@ class DPOKind(_PolicyVsReference):
     def loss(self, engine, micro: list[WithReference]) -> LossOut:
         chosen = [x.sample.chosen for x in micro]
         rejected = [x.sample.rejected for x in micro]
-        seqs = chosen + rejected
-        logp = sequence_logprobs(engine, [s.tokens for s in seqs], [s.mask for s in seqs], self.pad_id)
+        logp = self.logprobs(engine, chosen + rejected)
         pc, pr = logp[:len(micro)], logp[len(micro):]
         rc = torch.tensor([x.ref[0] for x in micro], device=logp.device)
         rr = torch.tensor([x.ref[1] for x in micro], device=logp.device)
@@ -94,8 +102,7 @@ class KTOKind(_PolicyVsReference):
     name = "kto"
 
     def loss(self, engine, micro: list[WithReference]) -> LossOut:
-        seqs = [x.sample.sample for x in micro]
-        logp = sequence_logprobs(engine, [s.tokens for s in seqs], [s.mask for s in seqs], self.pad_id)
+        logp = self.logprobs(engine, [x.sample.sample for x in micro])
         ref = torch.tensor([x.ref[0] for x in micro], device=logp.device)
         good = torch.tensor([x.sample.desirable for x in micro], dtype=torch.bool, device=logp.device)
         out = PREFERENCE_LOSSES["kto"](logp[good], logp[~good], ref[good], ref[~good], **self.settings)

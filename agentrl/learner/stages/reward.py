@@ -6,6 +6,12 @@ causal LM, a new linear `score` head) read at each sequence's last token, as
 `rewards.reward_model.RewardModelScorer` reads it, so the saved folder is what the scorer loads.
 The PRM stays a causal LM: OpenRLHF's scheme, where a step's score is the softmax over the reward
 tokens ("+", "-") of the logits at the step's end (`rewards.prm.PRMScorer` scores episodes that way).
+
+With packing a micro-batch is still `micro_batch_size` samples (pairs, or PRM sequences) whose sequences
+share rows of `max_len` tokens; each score is read at its own sequence's position in its row. The
+classifier's own forward is never called: its pooling takes each row's last non-pad token, one score a
+row, which a packed row would get wrong; the body runs with the rows' position ids and `score` reads the
+hidden state at each sequence's last token, as `rewards.reward_model.last_token_scores` does unpacked.
 """
 
 from __future__ import annotations
@@ -19,9 +25,7 @@ from agentrl.algo.preference import bradley_terry, prm_token_loss
 from agentrl.config.stages import StageOptimConfig
 from agentrl.data.samples import PairSample, Sample
 from agentrl.learner.stage import LossOut, chunks
-from agentrl.learner.stages.common import save_module
-from agentrl.utils.padding import pad_tokens
-from rewards.reward_model import last_token_scores
+from agentrl.learner.stages.common import save_module, sequence_rows
 
 
 class RewardKind:
@@ -32,9 +36,11 @@ class RewardKind:
 
     name = "rm"
 
-    def __init__(self, pad_id: int, eos_id: int, after_eos: list[int], zero3: bool = False) -> None:
+    def __init__(self, pad_id: int, eos_id: int, after_eos: list[int], zero3: bool = False, *,
+                 packing: bool = False, max_len: int = 2048) -> None:
         """`after_eos`: the tokens a chat template writes after a turn's EOS (ChatML: "\\n")."""
         self.pad_id, self.eos_id, self.after_eos, self.zero3 = pad_id, eos_id, after_eos, zero3
+        self.pack_len = max_len if packing else None  # rows of this many tokens, or one sequence a row
 
     def _as_scored(self, sample: Sample) -> Sample:
         if not self.after_eos or sample.tokens[-1] != self.eos_id:
@@ -60,12 +66,15 @@ class RewardKind:
         return chunks(samples, micro_batch_size)
 
     def scores(self, engine, micro: list) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, attn = pad_tokens([p.chosen.tokens for p in micro] + [p.rejected.tokens for p in micro], self.pad_id)
+        rows = sequence_rows([p.chosen.tokens for p in micro] + [p.rejected.tokens for p in micro], self.pad_id,
+                             self.pack_len)
         module = engine.module
-        # Under LoRA the peft wrapper's base model has the adapters injected in place: the scorer's pooling
+        # Under LoRA the peft wrapper's base model has the adapters injected in place: the pooling below
         # needs the classifier's own `score` and body attributes.
         model = module.get_base_model() if hasattr(module, "get_base_model") else module
-        r = last_token_scores(model, ids, attn)
+        device = model.device
+        hidden_RTH = getattr(model, model.base_model_prefix)(**rows.inputs(device)).last_hidden_state
+        r = model.score(hidden_RTH[rows.at([[n - 1] for _, _, n in rows.spans], device)]).squeeze(-1).float()
         return r[:len(micro)], r[len(micro):]
 
     def loss(self, engine, micro: list) -> LossOut:
@@ -84,8 +93,10 @@ class RewardKind:
 class PRMKind:
     name = "prm"
 
-    def __init__(self, pad_id: int, reward_ids: list[int], zero3: bool = False) -> None:
+    def __init__(self, pad_id: int, reward_ids: list[int], zero3: bool = False, *, packing: bool = False,
+                 max_len: int = 2048) -> None:
         self.pad_id, self.reward_ids, self.zero3 = pad_id, reward_ids, zero3
+        self.pack_len = max_len if packing else None  # rows of this many tokens, or one sequence a row
 
     def load_model(self, path: str, optim: StageOptimConfig) -> torch.nn.Module:
         from agentrl.learner.models import load_causal_lm
@@ -103,12 +114,10 @@ class PRMKind:
 
     def step_logits(self, engine, micro: list) -> torch.Tensor:
         """(N, R) logits of the reward tokens at every step of the micro-batch, in order."""
-        ids, attn = pad_tokens([s.tokens for s in micro], self.pad_id)
+        rows = sequence_rows([s.tokens for s in micro], self.pad_id, self.pack_len)
         device = engine.device
-        logits = engine(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).logits
-        rows = torch.tensor([i for i, s in enumerate(micro) for _ in s.positions], dtype=torch.long)
-        cols = torch.tensor([p for s in micro for p in s.positions], dtype=torch.long)
-        return logits[rows.to(device), cols.to(device)][:, self.reward_ids].float()
+        logits = engine(**rows.inputs(device)).logits
+        return logits[rows.at([s.positions for s in micro], device)][:, self.reward_ids].float()
 
     def loss(self, engine, micro: list) -> LossOut:
         logits_NR = self.step_logits(engine, micro)

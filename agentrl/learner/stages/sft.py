@@ -1,10 +1,9 @@
 """Supervised fine-tuning: next-token cross-entropy on the trained tokens (assistant turns), summed over
 tokens, so the loop's per-step division makes it the mean over the step's trained tokens.
 
-Packing puts several samples into one row of at most `max_len` tokens. Each sample's position ids
-restart at 0 and no attention mask is passed: transformers (masking_utils.find_packed_sequence_indices)
-then builds a block-diagonal causal mask, so a token attends only to its own sample and a packed
-batch computes exactly the per-token losses of the unpacked one.
+Packing puts several samples into one row of at most `max_len` tokens (`common.pack`, attention kept
+inside each sample), and a micro-batch is `micro_batch_size` such rows: a packed batch computes exactly
+the per-token losses of the unpacked one.
 """
 
 from __future__ import annotations
@@ -15,21 +14,8 @@ import torch
 
 from agentrl.config.stages import StageOptimConfig
 from agentrl.learner.stage import LossOut, chunks
-from agentrl.learner.stages.common import save_module
-from agentrl.utils.padding import pad_right, pad_tokens
-
-
-def pack(samples: list, max_len: int) -> list[list]:
-    """Greedy first-fit in order: consecutive samples share a row while their total stays <= max_len."""
-    rows: list[list] = []
-    used = max_len + 1
-    for s in samples:
-        if used + len(s.tokens) > max_len:
-            rows.append([])
-            used = 0
-        rows[-1].append(s)
-        used += len(s.tokens)
-    return rows
+from agentrl.learner.stages.common import Rows, lay_out, pack, save_module
+from agentrl.utils.padding import pad_right
 
 
 class SFTKind:
@@ -57,11 +43,10 @@ class SFTKind:
         return chunks(pack(samples, self.max_len), micro_batch_size)
 
     def loss(self, engine, micro: list[list]) -> LossOut:
-        ids, attn, pos, mask = packed_tensors(micro, self.pad_id)
+        rows, mask = packed_tensors(micro, self.pad_id, self.packing)
         device = engine.device
-        kwargs = {"position_ids": pos.to(device)} if self.packing else {"attention_mask": attn.to(device)}
-        logits = engine(input_ids=ids.to(device), use_cache=False, **kwargs).logits.float()
-        nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:].to(device),
+        logits = engine(**rows.inputs(device)).logits.float()
+        nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), rows.ids[:, 1:].to(device),
                                                 reduction="none")
         m = mask[:, 1:].to(device)
         loss_sum = (nll * m).sum()
@@ -72,22 +57,11 @@ class SFTKind:
         save_module(module, out_dir, tokenizer, self.zero3)
 
 
-def packed_tensors(rows: list[list], pad_id: int) -> tuple[torch.Tensor, ...]:
-    """(ids, attention_mask, position_ids, loss_mask) of rows of samples: a row's samples are
-    concatenated with position ids restarting at each; a row's first token of each sample has loss
-    mask 0 (the previous sample's last token must not predict it)."""
-    tokens = [[t for s in row for t in s.tokens] for row in rows]
-    ids, attn = pad_tokens(tokens, pad_id)
-    T = ids.shape[1]
-    pos = torch.zeros_like(ids)
-    masks = []
-    for i, row in enumerate(rows):
-        p, m = [], []
-        for s in row:
-            p += list(range(len(s.tokens)))
-            m += [0] + list(s.mask[1:])
-        # padding continues the positions of one more "sample", so it never joins the last real one
-        p += list(range(T - len(p)))
-        pos[i] = torch.tensor(p, dtype=torch.long)
-        masks.append(m)
-    return ids, attn, pos, pad_right(masks, 0.0, torch.float32, T)
+def packed_tensors(rows: list[list], pad_id: int, packed: bool) -> tuple[Rows, torch.Tensor]:
+    """The rows of samples laid out (`common.lay_out`) and their (R, T) loss mask: a sample's first token
+    has loss mask 0 (in a packed row the previous sample's last token must not predict it)."""
+    laid = lay_out([[s.tokens for s in row] for row in rows], pad_id, packed)
+    masks: list[list[int]] = [[] for _ in rows]
+    for (r, _, _), s in zip(laid.spans, [s for row in rows for s in row]):
+        masks[r] += [0] + list(s.mask[1:])
+    return laid, pad_right(masks, 0.0, torch.float32, laid.ids.shape[1])
