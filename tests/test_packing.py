@@ -207,7 +207,21 @@ def test_padding_ratio_counts_the_positions_each_plan_computes():
 
 def test_pack_sequences_without_a_budget_is_refused():
     with pytest.raises(ValueError, match="pack_sequences needs learner.micro_batch_tokens"):
-        LearnerConfig(pack_sequences=True)
+        LearnerConfig(pack_sequences=True, micro_batch_tokens=None)
+    with pytest.raises(ValueError, match="pack_sequences needs learner.micro_batch_tokens"):
+        LearnerConfig(pack_sequences=True, micro_batch_size=8)  # rows asked for: no budget to pack into
+
+
+def test_the_default_is_a_token_budget_unless_rows_are_asked_for():
+    assert LearnerConfig().micro_batch_tokens == 4096
+    assert LearnerConfig(pack_sequences=True).micro_batch_tokens == 4096
+    # micro_batch_size alone keeps the meaning it had before the default changed: that many rows a micro-batch
+    assert LearnerConfig(micro_batch_size=8).micro_batch_tokens is None
+    assert LearnerConfig(micro_batch_size=8, micro_batch_tokens=512).micro_batch_tokens == 512
+    # and so does a run's saved config, which writes both keys
+    dumped = LearnerConfig(micro_batch_size=8).model_dump()
+    assert LearnerConfig.model_validate(dumped).micro_batch_tokens is None
+    assert LearnerConfig.model_validate(LearnerConfig().model_dump()).micro_batch_tokens == 4096
 
 
 # -- 2 ranks ----------------------------------------------------------------------------------------------

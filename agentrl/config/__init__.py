@@ -5,9 +5,10 @@ from the leaf modules `agentrl.algo` and `agentrl.rollout.tools` (inside validat
 from agentrl.config.algo import (AdaptiveKL, FixedKL, GaeAdvantage, LossKL, MaskCorrection, NoCorrection, NoKL,
                                  RewardKL, ScalarAdvantage, TISCorrection)
 from agentrl.config.load import ConfigError, apply_override, build_config, load_config
-from agentrl.config.schema import (AlgoConfig, BufferConfig, ClusterConfig, Config, CriticConfig, DataConfig, DefaultModelConfig,
-                                   EngineConfig, EnvConfig, LearnerConfig, LoraConfig, ModelConfig, OptimConfig,
-                                   RolloutConfig, ServerConfig, TrainConfig, WeightSyncConfig)
+from agentrl.config.learner import CriticConfig, LearnerConfig, LoraConfig, OptimConfig
+from agentrl.config.schema import (AlgoConfig, BufferConfig, ClusterConfig, Config, DataConfig, DefaultModelConfig,
+                                   EngineConfig, EnvConfig, ModelConfig, RolloutConfig, ServerConfig, TrainConfig,
+                                   WeightSyncConfig)
 from agentrl.config.teacher import TeacherConfig
 from agentrl.config.tools import ToolsConfig, ToolServerConfig
 from agentrl.config.sources import (SOURCE_TYPES, EndpointConfig, EnvSource, HttpSource, RewardModelConfig,

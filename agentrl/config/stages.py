@@ -13,7 +13,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from agentrl.config.schema import ALLOW_DOWNLOAD, OptimConfig
+from agentrl.config.learner import OptimConfig
+from agentrl.config.schema import ALLOW_DOWNLOAD
 from agentrl.config.base import StrictModel
 
 STAGES = ("sft", "rm", "prm", "dpo", "kto")
