@@ -83,7 +83,8 @@ def server(env: dict[str, str], module: str = "rewards.servers.tools", port: int
         proc.wait(timeout=30)
 
 
-def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -> tuple[float, float]:
+def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -> tuple[float | None, float]:
+    """(held-out score before, after); before is None when the run skipped it (train.eval_before=false)."""
     cmd = [sys.executable, "-m", "agentrl.train", "--config", ex.config, f"train.out_dir={out}", *extra]
     with contextlib.ExitStack() as servers:
         if ex.tool_server:
@@ -92,7 +93,8 @@ def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -
             servers.enter_context(server(env, "rewards.servers.sandbox", SANDBOX_PORT))
         run_logged(cmd, out.with_suffix(".log"), env)
     summary = json.loads((out / "summary.json").read_text())
-    return summary["eval_before"]["score"], summary["eval_after"]["score"]
+    before = summary.get("eval_before")
+    return None if before is None else before["score"], summary["eval_after"]["score"]
 
 
 def run_pipeline(out: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -139,9 +141,12 @@ def main() -> None:
                 seeded = [] if seed is None else [f"train.seed={seed}", f"engine.seed={seed}"]
                 before, after = run_example(ex, out, env, [*args.overrides, *seeded])
             minutes = (time.perf_counter() - t0) / 60
-            rows.append((label, f"{before:.3f}", f"{after:.3f}", f"{after - before:+.3f}", f"{minutes:.1f}"))
-            gains.setdefault(name, []).append(after - before)
-            progress(f"{label}: {before:.3f} -> {after:.3f} in {minutes:.1f} min")
+            shown, gain = "–", ""  # the run skipped its before-score (train.eval_before=false): no gain either
+            if before is not None:
+                shown, gain = f"{before:.3f}", f"{after - before:+.3f}"
+                gains.setdefault(name, []).append(after - before)
+            rows.append((label, shown, f"{after:.3f}", gain, f"{minutes:.1f}"))
+            progress(f"{label}: {shown} -> {after:.3f} in {minutes:.1f} min")
         except Exception as exc:  # one failing example does not hide the others' numbers
             minutes = (time.perf_counter() - t0) / 60
             rows.append((label, "failed", "failed", "", f"{minutes:.1f}"))

@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentrl.algo.logprobs import last_token_hidden
+from agentrl.algo.logprobs import head_scores, last_token_at
 from agentrl.config import RewardModelConfig
 from agentrl.utils.padding import pad_tokens
 from agentrl.types import Episode
@@ -304,10 +304,9 @@ class RewardModelScorer:
 
 def last_token_scores(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
     """(B,) float32 scores of a decoder classifier read at each right-padded row's last real token
-    (`agentrl.algo.logprobs.last_token_hidden`; the model's own pad-id pooling is bypassed, see the
-    module doc). Gradients flow unless the caller disables them: reward-model training uses this too."""
+    (`agentrl.algo.logprobs.head_scores`, which the reward-model stage reads packed rows with; the model's
+    own pad-id pooling is bypassed, see the module doc). Gradients flow unless the caller disables them."""
     device = model.device
     input_ids_BT, attention_mask_BT = input_ids_BT.to(device), attention_mask_BT.to(device)
-    backbone = getattr(model, model.base_model_prefix)
-    hidden_BTH = backbone(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False).last_hidden_state
-    return model.score(last_token_hidden(hidden_BTH, attention_mask_BT)).squeeze(-1).float()
+    inputs = {"input_ids": input_ids_BT, "attention_mask": attention_mask_BT, "use_cache": False}
+    return head_scores(model, inputs, last_token_at(attention_mask_BT))

@@ -58,8 +58,8 @@ def test_gae_uses_the_critic_and_the_critic_fits_the_returns(tiny_model):
     torch.testing.assert_close(batch.advantages, expected)
     torch.testing.assert_close(batch.returns, expected)
     # critic loss = 0.5 * token-mean (V - R)^2 = 0.5 * (3 * 1 + 2 * 0) / 5
-    assert m.policy["critic/loss"] == pytest.approx(0.3, abs=1e-6)
-    losses = [lrn.step(make_batch())[0].policy["critic/loss"] for _ in range(6)]
+    assert m.critic_loss == pytest.approx(0.3, abs=1e-6)
+    losses = [lrn.step(make_batch())[0].critic_loss for _ in range(6)]
     assert max(losses[-3:]) < 0.1, losses  # the critic learns the returns (its loss started at 0.3)
     # Later advantages are R - V(s_t) from the critic, recomputed here outside the learner.
     values = lrn.values(batch)

@@ -76,6 +76,9 @@ def assert_same_step(got, want) -> None:
     (m, grads, adv), (m0, grads0, adv0) = got, want
     assert m.loss == pytest.approx(m0.loss, rel=RTOL, abs=ATOL)
     assert m.grad_norm == pytest.approx(m0.grad_norm, rel=RTOL, abs=ATOL)
+    assert (m.critic_loss is None) == (m0.critic_loss is None)
+    if m0.critic_loss is not None:
+        assert m.critic_loss == pytest.approx(m0.critic_loss, rel=RTOL, abs=ATOL)
     keys = set(m0.policy) - {"padding_ratio", "lr"}
     assert keys <= set(m.policy), keys - set(m.policy)
     for key in sorted(keys):

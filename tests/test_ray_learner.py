@@ -103,6 +103,9 @@ def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches
         assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-4)
         assert b.n_tokens == a.n_tokens and b.share == pytest.approx(a.share)
         assert b.policy["prox_reused"] == a.policy["prox_reused"]
+        assert (b.critic_loss is None) == (a.critic_loss is None) == (algo.advantage.type != "gae")
+        if a.critic_loss is not None:  # each rank's is its share of the step's: they add up to the one rank's
+            assert b.critic_loss == pytest.approx(a.critic_loss, abs=1e-5)
         if algo.has_kl:
             assert b.policy["kl_seq_k1"] == pytest.approx(a.policy["kl_seq_k1"], abs=1e-6)
     if zero == 3:
@@ -139,15 +142,15 @@ def test_a_dead_rank_ends_the_step_with_a_clear_error(ray_local, tiny_model):
 def test_rank_metrics_merge_by_token_share():
     from agentrl.learner.ray_ranks import merge_rank_metrics
 
-    r0 = [StepMetrics(-0.5, 2.0, 1.0, 8, 30, {"is_weight_mean": 1.0, "ratio_max": 1.1, "stale0/tokens": 30.0,
-                                              "critic/loss": 0.5}, 10)]
-    r1 = [StepMetrics(-0.25, 2.0, 1.5, 8, 30, {"is_weight_mean": 1.3, "ratio_max": 1.4, "stale0/tokens": 30.0,
-                                               "critic/loss": 0.25}, 20)]
+    r0 = [StepMetrics(-0.5, 2.0, 1.0, 8, 30, {"is_weight_mean": 1.0, "ratio_max": 1.1, "stale0/tokens": 30.0},
+                      10, critic_loss=0.5)]
+    r1 = [StepMetrics(-0.25, 2.0, 1.5, 8, 30, {"is_weight_mean": 1.3, "ratio_max": 1.4, "stale0/tokens": 30.0},
+                      20, critic_loss=0.25)]
     (m,) = merge_rank_metrics([r0, r1])
     assert m.loss == pytest.approx(-0.75)  # each rank's loss is already its share of the step's
     assert m.policy["is_weight_mean"] == pytest.approx((10 * 1.0 + 20 * 1.3) / 30)
     assert m.policy["ratio_max"] == 1.4 and m.policy["stale0/tokens"] == 30.0
-    assert m.policy["critic/loss"] == pytest.approx(0.75)  # like `loss`, each rank's part of the step's
+    assert m.critic_loss == pytest.approx(0.75)  # like `loss`, each rank's part of the step's
     assert (m.step_time_s, m.n_tokens, m.share, m.grad_norm) == (1.5, 30, 30, 2.0)
 
 

@@ -388,7 +388,8 @@ def test_killed_server_leaves_no_sandbox_behind(servers):
     """SIGKILL to the server mid-call (no clean-up of its own runs): the running sandbox dies with it."""
     marker = f"orphan-{uuid.uuid4().hex}"
     url, pid = servers["victim"]
-    code = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])"
+    code = ("import os, sys\n"
+            f"os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', '{marker}'])")
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(url + "/call", json={"name": "python", "arguments": {"code": code}}, timeout=1.0)
     for _ in range(100):  # the sandbox is running the call

@@ -3,7 +3,8 @@ reward shaping, KL control, on-policy distillation, and the preference (DPO, IPO
 
 Call sites pick an entry from a registry by its config name and call it with one typed input:
     ADVANTAGES[name](AdvantageInputs(...)) -> AdvantageOutput
-    POLICY_LOSSES[name](PolicyLossInputs(...), settings) -> (loss, metrics); settings: the config's `algo`
+    POLICY_LOSSES[name](PolicyLossInputs(...), settings) -> PolicyLossOut (loss, metrics, keep-mask); settings:
+        the config's `algo`
     make_kl_controller(kind, kl_coef, target, horizon) -> KLController
     PREFERENCE_LOSSES[name](policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=...) -> PreferenceLoss
 """
@@ -14,6 +15,7 @@ from .correction import (CorrectionSettings, ImportanceWeights, TrustRegionSetti
                          masked_mean, staleness_buckets)
 from .losses import (
     POLICY_LOSSES,
+    PolicyLossOut,
     PolicyLossSettings,
     PolicyLossInputs,
     aggregate,
@@ -59,6 +61,7 @@ __all__ = [
     "KLController",
     "PolicyLossSettings",
     "PolicyLossInputs",
+    "PolicyLossOut",
     "PreferenceLoss",
     "RunningMoments",
     "TrustRegionSettings",

@@ -11,7 +11,7 @@ Shapes: B sequences, T ledger positions; every (B, T) tensor is aligned by posit
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
@@ -48,7 +48,17 @@ class PolicyLossSettings(Protocol):
     entropy_coef: float  # loss -= entropy_coef * aggregate(entropy)
 
 
-PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossSettings], tuple[torch.Tensor, dict[str, float]]]
+class PolicyLossOut(NamedTuple):
+    """What a policy loss returns."""
+
+    loss: torch.Tensor  # the scalar to backward
+    metrics: dict[str, float]  # over the inputs' masked tokens
+    # (B, T) detached 0/1: the trust region's decision per token (`behaviour_trust_mask`), the one
+    # `trust_masked_frac` counts; the learner records it for the run viewer rather than deciding again
+    keep_BT: torch.Tensor
+
+
+PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossSettings], PolicyLossOut]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 
@@ -128,9 +138,11 @@ def _clipped_surrogate(ratio_BT: torch.Tensor, adv_BT: torch.Tensor,
     return loss_BT, active_BT
 
 
-def _finish(loss_BT: torch.Tensor, weight_BT: torch.Tensor, active_BT: torch.Tensor, inp: PolicyLossInputs,
-            cfg: PolicyLossSettings, metrics: dict[str, float]) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weight by w, aggregate, add the entropy bonus and the shared metrics."""
+def _finish(loss_BT: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, dict[str, float]],
+            active_BT: torch.Tensor, inp: PolicyLossInputs, cfg: PolicyLossSettings) -> PolicyLossOut:
+    """Weight by w (`_weights`' weight, keep-mask and metrics), aggregate, add the entropy bonus and the
+    shared metrics."""
+    weight_BT, keep_BT, metrics = weights
     mask_BT = inp.mask_BT
     loss = aggregate(loss_BT * weight_BT, mask_BT, cfg.agg, cfg.constant_norm)
     metrics["clip_frac"] = float(masked_mean(active_BT.to(mask_BT.dtype), mask_BT))
@@ -140,15 +152,15 @@ def _finish(loss_BT: torch.Tensor, weight_BT: torch.Tensor, active_BT: torch.Ten
         if inp.entropy_BT is None:
             raise ValueError("entropy_coef > 0 needs entropy_BT")
         loss = loss - cfg.entropy_coef * aggregate(inp.entropy_BT, mask_BT, cfg.agg, cfg.constant_norm)
-    return loss, metrics
+    return PolicyLossOut(loss, metrics, keep_BT)
 
 
 def _weights(inp: PolicyLossInputs, cfg: PolicyLossSettings,
-             level: str | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+             level: str | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """The detached weight (B, T) to multiply into the loss: the importance weight (at the correction's
     own level unless `level` says otherwise) times the trust region's keep-mask, times the ESS step scale
-    where the correction asks for it (`ess_step`); and the correction metrics, `trust_masked_frac` the
-    share of tokens dropped."""
+    where the correction asks for it (`ess_step`); the keep-mask itself; and the correction metrics,
+    `trust_masked_frac` the share of tokens dropped."""
     iw = importance_weights(inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT, cfg.correction, level)
     keep_BT = behaviour_trust_mask(inp.logp_BT, inp.behav_logp_BT, inp.advantages_BT, inp.mask_BT,
                                    cfg.trust_region, inp.age_BT)
@@ -157,19 +169,19 @@ def _weights(inp: PolicyLossInputs, cfg: PolicyLossSettings,
     scale = 1.0
     if getattr(cfg.correction, "ess_step", False):
         scale = metrics["ess_step_scale"] = ess_step_scale(iw)
-    return iw.weight_BT * keep_BT * scale, metrics
+    return iw.weight_BT * keep_BT * scale, keep_BT, metrics
 
 
 @register_policy_loss("ppo_clip")
-def ppo_clip(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_clip(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> PolicyLossOut:
     """Decoupled PPO-clip: loss_t = -w_t min(r_t A_t, clip(r_t, 1-eps_lo, 1+eps_hi) A_t), + dual clip."""
-    weight_BT, metrics = _weights(inp, cfg)
+    weights = _weights(inp, cfg)
     loss_BT, active_BT = _clipped_surrogate(_log_ratio(inp).exp(), inp.advantages_BT, cfg)
-    return _finish(loss_BT, weight_BT, active_BT, inp, cfg, metrics)
+    return _finish(loss_BT, weights, active_BT, inp, cfg)
 
 
 @register_policy_loss("gspo")
-def gspo(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
+def gspo(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> PolicyLossOut:
     """GSPO (Zheng et al. 2025), token form as in the paper's GSPO-token and verl:
         s_i   = exp(mean_{t in y_i} (logp_t - old_logp_t))            (sequence ratio)
         s_i,t = sg(s_i) * pi_theta(y_t) / sg(pi_theta(y_t))           (value s_i, grad s_i * dlogp_t)
@@ -177,27 +189,27 @@ def gspo(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> tuple[torch.Tensor, 
     With seq_mean_token_mean aggregation and one advantage per sequence this is sequence-level GSPO.
     The importance weight w is always per sequence here (algo.correction.level is not read).
     """
-    weight_BT, metrics = _weights(inp, cfg, "sequence")
+    weights = _weights(inp, cfg, "sequence")
     log_r_BT = _log_ratio(inp)
     log_s_B = masked_mean(log_r_BT, inp.mask_BT, dim=-1)
     log_s_BT = log_s_B.detach()[:, None] + inp.logp_BT - inp.logp_BT.detach()
     log_s_BT = torch.where(inp.mask_BT > 0, log_s_BT, 0.0)
     loss_BT, active_BT = _clipped_surrogate(log_s_BT.exp(), inp.advantages_BT, cfg)
-    return _finish(loss_BT, weight_BT, active_BT, inp, cfg, metrics)
+    return _finish(loss_BT, weights, active_BT, inp, cfg)
 
 
 @register_policy_loss("cispo")
-def cispo(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> tuple[torch.Tensor, dict[str, float]]:
+def cispo(inp: PolicyLossInputs, cfg: PolicyLossSettings) -> PolicyLossOut:
     """CISPO (MiniMax-M1, 2025): loss_t = -w_t sg(clip(r_t, 1-eps_lo, 1+eps_hi)) A_t logp_t.
 
     The ratio is clipped inside a stop-gradient, so clipped tokens still get a (bounded) gradient;
     clip_frac counts tokens whose ratio was outside the range.
     """
-    weight_BT, metrics = _weights(inp, cfg)
+    weights = _weights(inp, cfg)
     ratio_BT = _log_ratio(inp).exp().detach()
     coef_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     loss_BT = -coef_BT * inp.advantages_BT * inp.logp_BT
-    return _finish(loss_BT, weight_BT, coef_BT != ratio_BT, inp, cfg, metrics)
+    return _finish(loss_BT, weights, coef_BT != ratio_BT, inp, cfg)
 
 
 def value_loss(values_BT: torch.Tensor, old_values_BT: torch.Tensor, returns_BT: torch.Tensor,

@@ -118,9 +118,6 @@ class LearnerRank:
         return self.learner.version, digest
 
 
-RANK_SHARE_KEYS = ("critic/loss",)  # policy keys each rank reports as its part of the step's sum
-
-
 def merge_rank_metrics(per_rank: list[list[StepMetrics]]) -> list[StepMetrics]:
     """One StepMetrics per optimizer step from every rank's: losses add (each rank's is already its
     share of the step's), policy metrics average weighted by each rank's share of the tokens
@@ -129,15 +126,12 @@ def merge_rank_metrics(per_rank: list[list[StepMetrics]]) -> list[StepMetrics]:
     merged = []
     for steps in zip(*per_rank):
         first = steps[0]
-        policy = weighted([(m.share, m.policy) for m in steps])
-        for key in RANK_SHARE_KEYS:
-            if key in first.policy:
-                policy[key] = sum(m.policy[key] for m in steps)
         merged.append(StepMetrics(
             loss=sum(m.loss for m in steps), grad_norm=first.grad_norm,
             step_time_s=max(m.step_time_s for m in steps), n_episodes=first.n_episodes,
-            n_tokens=first.n_tokens, policy=policy,
-            share=sum(m.share for m in steps), token_values=first.token_values))  # the same on every rank
+            n_tokens=first.n_tokens, policy=weighted([(m.share, m.policy) for m in steps]),
+            share=sum(m.share for m in steps), token_values=first.token_values,  # the same on every rank
+            critic_loss=None if first.critic_loss is None else sum(m.critic_loss for m in steps)))
     return merged
 
 

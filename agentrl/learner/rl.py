@@ -21,7 +21,7 @@ import torch
 
 from agentrl.utils import faults
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossInputs, RunningMoments,
-                          aggregate, behaviour_trust_mask, clip_rewards, kl_estimate, kl_penalized_token_rewards,
+                          aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)
 from agentrl.learner.dist import init_single_process_dist
 from agentrl.learner.micro_passes import MicroPasses
@@ -47,6 +47,7 @@ class StepMetrics:
     n_tokens: int
     policy: dict[str, float]
     share: float = 1.0  # this rank's part of the step's tokens (or rows): how rank metrics are merged
+    critic_loss: float | None = None  # "policy/critic/loss": like `loss`, this rank's part of the step's sum
     # (B, T) per token, for the run viewer (rollouts.jsonl), on a step's first StepMetrics: "advantages",
     # "learner_logprobs", log pi at the pass that trained the token (pi - mu: how far the learner has moved),
     # and "trust_kept", 1 where the trust region kept the token there, 0 where it masked it out
@@ -164,7 +165,7 @@ class Learner(MicroPasses):
             behav_logp_BT=batch.behav_logprobs[rows].to(self.device),
             advantages_BT=batch.advantages[rows].to(self.device), mask_BT=mask, entropy_BT=entropy,
             age_BT=(self.version - batch.versions[rows]).to(self.device))  # versions behind (trust_region.half_life)
-        loss, metrics = self.loss_fn(inputs, self.algo)[0], {}  # its metrics: over the whole step (`_pass_metrics`)
+        loss, metrics = self.loss_fn(inputs, self.algo).loss, {}  # its metrics: over the whole step (`_pass_metrics`)
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(inputs.logp_BT, ref_logp[rows].to(self.device) * mask, self.algo.kl.estimator)
             loss = loss + self.kl_ctl.value * aggregate(kl_BT, mask, self.algo.agg)
@@ -184,7 +185,8 @@ class Learner(MicroPasses):
         (`taken`), gathered from every rank: a micro-batch's is_ess or sequence-level means do not average
         into the whole's, so metrics do not depend on how rows were grouped or spread over ranks. Reused,
         pi_prox is gathered into old_logp too. `kept` (B, T), if given, receives the trust region's 1/0
-        decision per token over these rows: the one `trust_masked_frac` counts (the viewer colours by it)."""
+        decision per token over these rows, as the policy loss made it (`PolicyLossOut.keep_BT`): the one
+        `trust_masked_frac` counts (the viewer colours by it)."""
         if self.world > 1:
             owned = owned_rows(self._plan(batch, rows, train=True))
             for t in (taken[0], taken[1], *([old_logp] if reuse else [])):
@@ -194,10 +196,9 @@ class Learner(MicroPasses):
         inputs = PolicyLossInputs(logp_BT=taken[0, sl], old_logp_BT=old_logp[sl], behav_logp_BT=batch.behav_logprobs[sl],
                                   advantages_BT=batch.advantages[sl], mask_BT=mask, entropy_BT=taken[1, sl],
                                   age_BT=self.version - batch.versions[sl])
-        metrics = self.loss_fn(inputs, self.algo)[1]
+        _, metrics, keep_BT = self.loss_fn(inputs, self.algo)
         if kept is not None:
-            kept[sl] = behaviour_trust_mask(inputs.logp_BT, inputs.behav_logp_BT, inputs.advantages_BT, mask,
-                                            self.algo.trust_region, inputs.age_BT)
+            kept[sl] = keep_BT
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(taken[0, sl], ref_logp[sl] * mask, self.algo.kl.estimator)
             metrics["kl_ref"] = float(masked_mean(kl_BT, mask))
@@ -293,7 +294,7 @@ class Learner(MicroPasses):
         for start in range(0, batch.size, per_mini):
             t0 = time.perf_counter()
             rows = range(start, min(start + per_mini, batch.size))
-            loss, grad_norm, metric_rows, whole = 0.0, float("nan"), [], {}
+            loss, grad_norm, metric_rows, whole, vf_loss = 0.0, float("nan"), [], {}, None
             lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
             if actor_trains:
                 self.engine.train()
@@ -313,7 +314,7 @@ class Learner(MicroPasses):
                     self.critic, self.critic_cfg.zero_stage, batch, rows,
                     lambda sl, w: self._critic_micro_step(batch, sl, old_values, w))
                 extra.update({f"critic/{k}": v for k, v in weighted(vf_rows).items()})
-                extra.update({"critic/loss": vf_loss, "critic/grad_norm": vf_norm})
+                extra["critic/grad_norm"] = vf_norm
             self.version += 1
             if start == 0:  # pi_prox before any update (reused: from the first step's pass, gathered)
                 buckets = staleness_buckets(old_logp, batch.behav_logprobs, batch.loss_mask,
@@ -323,7 +324,8 @@ class Learner(MicroPasses):
                 loss=loss, grad_norm=grad_norm,
                 step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
-                policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows)))
+                policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows),
+                critic_loss=vf_loss))
         if batch.record_values:
             results[0].token_values = {"advantages": batch.advantages, **(
                 {"learner_logprobs": learner_logp, "trust_kept": kept} if actor_trains else {})}

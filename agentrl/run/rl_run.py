@@ -76,6 +76,8 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
         "push_failures": sum(not p.ok for p in pushes), "dropped_stale": assembly.dropped_stale,
     }
     rec.update({f"policy/{k}": v for k, v in metrics[-1].policy.items()})
+    if metrics[-1].critic_loss is not None:
+        rec["policy/critic/loss"] = metrics[-1].critic_loss
     rec.update({f"episodes/{k}": v for k, v in pool.status_counts.items()})
     rec.update(pool.tool_stats.metrics())
     rec.update(tool_use_metrics(rec))

@@ -91,9 +91,14 @@ def sequence_logprobs(engine, seqs: list, pad_id: int, max_len: int | None = Non
     device = engine.device
     logits = engine(**rows.inputs(device)).logits.float()
     logp_BT = token_logprobs(logits, rows.ids.to(device), 1.0)
-    sums = [(logp_BT[r, c + 1:c + n] * torch.tensor(s.mask[1:n], dtype=torch.float32, device=device)).sum()
-            for (r, c, n), s in zip(rows.spans, seqs)]
-    return torch.stack(sums)
+    # Each sequence's weights laid out in a (N, T) row of its own (a packed row holds several), built as
+    # lists and sent in one tensor: no per-sequence tensor, kernel or transfer on the hot path.
+    weights = [[0.0] * logp_BT.shape[1] for _ in seqs]
+    for w, (_, c, n), s in zip(weights, rows.spans, seqs):
+        w[c + 1:c + n] = s.mask[1:n]
+    weights_NT = torch.tensor(weights, dtype=torch.float32, device=device)
+    row_N = torch.tensor([r for r, _, _ in rows.spans], dtype=torch.long, device=device)
+    return (logp_BT[row_N] * weights_NT).sum(-1)
 
 
 def save_module(module: torch.nn.Module, out_dir: Path, tokenizer, zero3: bool) -> None:

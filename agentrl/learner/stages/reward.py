@@ -11,7 +11,8 @@ With packing a micro-batch is still `micro_batch_size` samples (pairs, or PRM se
 share rows of `max_len` tokens; each score is read at its own sequence's position in its row. The
 classifier's own forward is never called: its pooling takes each row's last non-pad token, one score a
 row, which a packed row would get wrong; the body runs with the rows' position ids and `score` reads the
-hidden state at each sequence's last token, as `rewards.reward_model.last_token_scores` does unpacked.
+hidden state at each sequence's last token: `agentrl.algo.logprobs.head_scores`, the read
+`rewards.reward_model.last_token_scores` makes on right-padded rows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from agentrl.algo.logprobs import head_scores
 from agentrl.algo.preference import bradley_terry, prm_token_loss
 from agentrl.config.stages import StageOptimConfig
 from agentrl.data.samples import PairSample, Sample
@@ -73,8 +75,7 @@ class RewardKind:
         # needs the classifier's own `score` and body attributes.
         model = module.get_base_model() if hasattr(module, "get_base_model") else module
         device = model.device
-        hidden_RTH = getattr(model, model.base_model_prefix)(**rows.inputs(device)).last_hidden_state
-        r = model.score(hidden_RTH[rows.at([[n - 1] for _, _, n in rows.spans], device)]).squeeze(-1).float()
+        r = head_scores(model, rows.inputs(device), rows.at([[n - 1] for _, _, n in rows.spans], device))
         return r[:len(micro)], r[len(micro):]
 
     def loss(self, engine, micro: list) -> LossOut:
