@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from agentrl.algo.logprobs import head_scores, last_token_at
+from agentrl.utils.classifier import head_scores, last_token_at
 from agentrl.config import RewardModelConfig
 from agentrl.utils.padding import pad_tokens
 from agentrl.types import Episode
@@ -304,7 +304,7 @@ class RewardModelScorer:
 
 def last_token_scores(model: Any, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
     """(B,) float32 scores of a decoder classifier read at each right-padded row's last real token
-    (`agentrl.algo.logprobs.head_scores`, which the reward-model stage reads packed rows with; the model's
+    (`agentrl.utils.classifier.head_scores`, which the reward-model stage reads packed rows with; the model's
     own pad-id pooling is bypassed, see the module doc). Gradients flow unless the caller disables them."""
     device = model.device
     input_ids_BT, attention_mask_BT = input_ids_BT.to(device), attention_mask_BT.to(device)

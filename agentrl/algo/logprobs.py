@@ -1,4 +1,4 @@
-"""Per-token log-probabilities, entropies and last-token pooling from model outputs (pure torch).
+"""Per-token log-probabilities and entropies from model outputs (pure torch).
 
 Shapes: B sequences, T positions, V vocabulary, H hidden width, N rows of logits. Position t of a
 (B, T) result is about token t, predicted from the logits at position t - 1, so position 0 (nothing
@@ -142,20 +142,3 @@ def token_logprobs(logits_BTV: torch.Tensor, ids_BT: torch.Tensor, temperature: 
 def token_entropy(logits_BTV: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0) -> torch.Tensor:
     """(B, T) entropy of the sampler's distribution that predicted token t (aligned with `token_logprobs`)."""
     return sampling_entropy(sampling_logits(logits_BTV, temperature, top_p, top_k))
-
-
-def last_token_at(attention_mask_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, column) index tensors of each right-padded row's last attended token, found from the mask (not
-    from a pad id, which a text may contain and a tokenizer may lack)."""
-    return torch.arange(attention_mask_BT.shape[0], device=attention_mask_BT.device), attention_mask_BT.sum(dim=1) - 1
-
-
-def head_scores(model, inputs: dict, at: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """(N,) float32 scores of a decoder classifier (its body under `model.base_model_prefix`, a `score` head)
-    read at the N positions `at` ((row, column) index tensors) of the body's forward on `inputs`. The
-    classifier's own forward is bypassed: it pools each row's rightmost non-pad token, which misreads a text
-    that contains the pad id, fails without a pad id, and gives one score a row where a packed row holds
-    several sequences. Gradients flow unless the caller disables them: the scorer reads rewards with this,
-    and reward-model training trains through it."""
-    hidden_RTH = getattr(model, model.base_model_prefix)(**inputs).last_hidden_state
-    return model.score(hidden_RTH[at]).squeeze(-1).float()

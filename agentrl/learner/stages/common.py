@@ -91,12 +91,17 @@ def sequence_logprobs(engine, seqs: list, pad_id: int, max_len: int | None = Non
     device = engine.device
     logits = engine(**rows.inputs(device)).logits.float()
     logp_BT = token_logprobs(logits, rows.ids.to(device), 1.0)
-    # Each sequence's weights laid out in a (N, T) row of its own (a packed row holds several), built as
-    # lists and sent in one tensor: no per-sequence tensor, kernel or transfer on the hot path.
-    weights = [[0.0] * logp_BT.shape[1] for _ in seqs]
-    for w, (_, c, n), s in zip(weights, rows.spans, seqs):
-        w[c + 1:c + n] = s.mask[1:n]
-    weights_NT = torch.tensor(weights, dtype=torch.float32, device=device)
+    # Each sequence's weights laid out in a (N, T) row of its own (a packed row holds several), written
+    # from flat index lists in one assignment: no per-sequence tensor or kernel, and no N x T Python list.
+    # The reduction stays a row sum over (N, T), the same summation order packed or padded.
+    seq_i, col_i, weight = [], [], []
+    for i, ((_, c, n), s) in enumerate(zip(rows.spans, seqs)):
+        seq_i += [i] * (n - 1)
+        col_i += range(c + 1, c + n)
+        weight += s.mask[1:n]
+    weights_NT = torch.zeros(len(seqs), logp_BT.shape[1], device=device)
+    at_seq, at_col = torch.tensor([seq_i, col_i], dtype=torch.long, device=device)
+    weights_NT[at_seq, at_col] = torch.tensor(weight, dtype=torch.float32, device=device)
     row_N = torch.tensor([r for r, _, _ in rows.spans], dtype=torch.long, device=device)
     return (logp_BT[row_N] * weights_NT).sum(-1)
 

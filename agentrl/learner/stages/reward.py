@@ -11,7 +11,7 @@ With packing a micro-batch is still `micro_batch_size` samples (pairs, or PRM se
 share rows of `max_len` tokens; each score is read at its own sequence's position in its row. The
 classifier's own forward is never called: its pooling takes each row's last non-pad token, one score a
 row, which a packed row would get wrong; the body runs with the rows' position ids and `score` reads the
-hidden state at each sequence's last token: `agentrl.algo.logprobs.head_scores`, the read
+hidden state at each sequence's last token: `agentrl.utils.classifier.head_scores`, the read
 `rewards.reward_model.last_token_scores` makes on right-padded rows.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from agentrl.algo.logprobs import head_scores
+from agentrl.utils.classifier import head_scores
 from agentrl.algo.preference import bradley_terry, prm_token_loss
 from agentrl.config.stages import StageOptimConfig
 from agentrl.data.samples import PairSample, Sample
