@@ -385,6 +385,31 @@ def test_max_ahead_batches_caps_admission_below_the_bound():
     run(main())
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
+def test_a_cap_at_or_above_the_bounds_own_reach_never_binds(max_staleness, k):
+    """The engine serves a version at most the learner's (E <= W), so the bound alone lets generation run
+    at most (E + s - W) // k + 1 <= s // k + 1 batches ahead. A cap A >= s // k + 1 therefore never changes
+    the capacity, at any (E, W) with groups returned or not: `max_ahead_batches: 2` leaves every run at
+    max_staleness 0 or 1 (the default) as it was. One batch below that reach, it binds where E = W."""
+    reach = max_staleness // k + 1
+    for cap in (reach, reach + 3):
+        capped = StalenessBuffer(batch_size=4, group_size=2, max_staleness=max_staleness, versions_per_batch=k,
+                                 max_ahead_batches=cap)
+        uncapped = StalenessBuffer(batch_size=4, group_size=2, max_staleness=max_staleness, versions_per_batch=k)
+        for w in range(0, 12, k):
+            for buf in (capped, uncapped):
+                buf.set_learner_version(w)
+            for e in range(capped.engine_version, w + 1):
+                for buf in (capped, uncapped):
+                    buf.set_engine_version(e)
+                assert capped.capacity_groups == uncapped.capacity_groups, (cap, w, e)
+    if reach > 1:
+        tight = StalenessBuffer(batch_size=4, group_size=2, max_staleness=max_staleness, versions_per_batch=k,
+                                max_ahead_batches=reach - 1)
+        assert tight.capacity_groups == (reach - 1) * 2 < reach * 2  # E = W = 0: the bound reaches `reach`
+
+
 def test_several_optimizer_steps_a_batch_admit_one_batch_a_step_and_drop_nothing():
     """k = 2 versions a batch (learner.mini_batches 2), max_staleness 2, G = 1, the producer filling every
     free slot at once: a group started at E is fresh for the batches at versions E and E + 2, so two
