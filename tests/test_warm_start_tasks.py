@@ -14,7 +14,7 @@ from fake_engine import ScriptedEngine
 
 from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import DefaultModelConfig, RolloutConfig
-from agentrl.models.default import _key, build_tokenizer, demo_source
+from agentrl.models.default import _key, build_tokenizer, demo_source, demonstration_samples
 from agentrl.rollout.tools.client import aclose_shared
 from agentrl.telemetry.metrics import print_summary
 from agentrl.rollout.episode import EpisodeSpec
@@ -30,8 +30,10 @@ def test_default_cache_key_is_unchanged_by_the_new_settings():
     # settings added later at their defaults.
     assert _key(DefaultModelConfig()) == "f04eb3ffecc5"
     keys = {_key(DefaultModelConfig(task="calculator")), _key(DefaultModelConfig(split_digits=True)),
-            _key(DefaultModelConfig(task="calculator", split_digits=True)), _key(DefaultModelConfig())}
-    assert len(keys) == 4
+            _key(DefaultModelConfig(task="calculator", split_digits=True)), _key(DefaultModelConfig()),
+            _key(DefaultModelConfig(demo_max_turns=16))}
+    assert len(keys) == 5
+    assert _key(DefaultModelConfig(demo_max_turns=None)) == "f04eb3ffecc5"
     assert demo_source("guess_number")[0](3, 0, "demo") == demo_source("guess_number")[0](3, 0, "demo")
 
 
@@ -198,3 +200,24 @@ def test_arithmetic_teacher_is_right_at_its_rate_and_otherwise_off_by_at_most_th
         assert reply["role"] == "assistant" and off <= 3
         right += off == 0
     assert abs(right / 2000 - 0.4) < 0.04
+
+
+def test_demo_max_turns_lets_guess_number_demonstrations_run_past_four_turns(tmp_path):
+    """guess_number's demonstrations stop at 4 guesses unless `demo_max_turns` says otherwise. With 16, the
+    imperfect teacher (uniform among the possible numbers 70 % of the time on ranges of up to ~100 numbers)
+    needs more than 4 guesses in a good share of episodes, and never more than 16; a task whose teacher
+    takes no `max_turns` is refused by name."""
+    cfg = DefaultModelConfig(sft_demos=200)
+    tok = build_tokenizer(cfg, tmp_path)
+    fmt = ChatFormat(tok)
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+
+    def turns(c: DefaultModelConfig) -> Counter[int]:
+        # user prompt + one <|im_start|> per assistant guess and per feedback reply: guesses = (starts + 1) // 2
+        return Counter((s.tokens.count(start) + 1) // 2 for s in demonstration_samples(c, fmt))
+
+    short, long = turns(cfg), turns(cfg.model_copy(update={"demo_max_turns": 16}))
+    assert max(short) == 4 and sum(short.values()) == 200
+    assert max(long) <= 16 and sum(n for t, n in long.items() if t > 4) >= 20, long
+    with pytest.raises(ValueError, match=r"demo_max_turns=16: arithmetic's demonstration"):
+        demonstration_samples(DefaultModelConfig(task="arithmetic", demo_max_turns=16), fmt)

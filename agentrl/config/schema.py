@@ -59,6 +59,10 @@ class DefaultModelConfig(StrictModel):
                                      description="chance a demonstration step is the teacher's best play "
                                                  "(guess_number: the bisection midpoint; calculator: a "
                                                  "correctly copied tool call)")
+    demo_max_turns: int | None = Field(
+        None, ge=1, le=1000, description="turns a demonstration may take before it stops (passed to the task's "
+        "demonstration as max_turns); None = the task's own (guess_number: 4). An env run with more turns than "
+        "its warm start saw plays the later turns out of distribution")
     seed: int = Field(0, ge=0, description="seed for weights, tokenizer corpus and demonstrations")
     cache_dir: str | None = Field(None, description="where built models are cached (default $AGENTRL_CACHE "
                                                     "or ~/.cache/agentrl)")

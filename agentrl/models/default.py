@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -59,7 +60,7 @@ def cache_root() -> Path:
 
 # Settings added after the first models were cached: left out of the key while at their defaults,
 # so the models built before them keep their keys.
-_LATER_DEFAULTS = {"task": "guess_number", "split_digits": False}
+_LATER_DEFAULTS = {"task": "guess_number", "split_digits": False, "demo_max_turns": None}
 
 
 # The warm start's training loop is part of the key: models warm-started by an earlier loop (a plain torch
@@ -131,10 +132,14 @@ def demonstration_samples(cfg: DefaultModelConfig, fmt: ChatFormat) -> list:
     from agentrl.data.samples import Sample
 
     make_tasks, demonstration = demo_source(cfg.task)
+    turns = {} if cfg.demo_max_turns is None else {"max_turns": cfg.demo_max_turns}
+    if turns and "max_turns" not in inspect.signature(demonstration).parameters:
+        raise ValueError(f"model.default.demo_max_turns={cfg.demo_max_turns}: {cfg.task}'s demonstration(task, "
+                         "rng, optimal_prob) takes no max_turns; leave demo_max_turns unset for this task")
     rng = random.Random(cfg.seed)
     samples = []
     for i, task in enumerate(make_tasks(cfg.sft_demos, cfg.seed, "demo")):
-        tokens, mask = ledger_from_messages(fmt, demonstration(task, rng, cfg.demo_optimal_prob))
+        tokens, mask = ledger_from_messages(fmt, demonstration(task, rng, cfg.demo_optimal_prob, **turns))
         samples.append(Sample(tokens, mask, f"demonstration {i}"))
     return samples
 
