@@ -38,7 +38,8 @@ CONFIG = "examples/agents/guess_number.yaml"
 FAULTS = ("engine node removed", "engine node removed, none to hold it", "learner node removed")
 END_BOUND_S = 600  # a run that has not ended this long after the fault did not end by itself
 ARGS = ("train.checkpoint_every=1", "train.eval_before=false", "data.eval_tasks=16", "buffer.batch_size=16",
-        "rollout.n_samples=4", "buffer.max_staleness=1000", "cluster.backend=ray", "cluster.engines=2",
+        "rollout.n_samples=4", "buffer.max_staleness=1000", "buffer.max_ahead_batches=null",
+        "cluster.backend=ray", "cluster.engines=2",
         "weight_sync.transport=collective", "cluster.engine_resources={engine_node: 1}",
         "cluster.interface=lo")  # every node is this host: lo is the interface the nodes reach each other on
 

@@ -17,7 +17,8 @@ halving every 8 versions of a token's age) and `ess_step` (the loss scaled by th
 effective sample size, VCPO) are the staleness-aware candidates tried against it; `ahead2` keeps the trust region
 and caps generation at 2 batches ahead of the learner (`buffer.max_ahead_batches`: the bound alone lets a fast
 generator run max_staleness batches ahead, so nearly every episode trains at the bound, "share at the bound"
-below). At `max_staleness` 0 the methods are
+below). The cap of 2 is what ships since 2026-11-29, so `default` and `ahead2` are now the same run;
+`uncapped` is the bound alone (what `default` was in the run folders written before that date). At `max_staleness` 0 the methods are
 the same on-policy update, so only `default` runs there: it is the reference every row is compared with.
 Baselines run only at `--baseline-staleness`.
 
@@ -63,6 +64,7 @@ METHODS: dict[str, list[str]] = {
     "half_life": ["algo.trust_region={type: clip, half_life: 8}"],
     "ess_step": ["algo.correction={type: tis, ess_step: true}"],
     "ahead2": ["buffer.max_ahead_batches=2"],
+    "uncapped": ["buffer.max_ahead_batches=null"],
 }
 
 

@@ -175,9 +175,10 @@ def check_recovered(summary: dict, records: list[dict], steps: int, engines: int
 
 # The kill must catch episodes in flight. Under a tight staleness bound generation runs ahead of the
 # learner, fills the buffer's capacity and stops, and a kill in that pause catches none (staleness 4 did
-# so once in CI). A bound the run cannot reach keeps the producer issuing, so both engines serve
-# episodes (long ones) at every moment.
-BUSY = ("env.kwargs.max_turns=16", "rollout.max_turns=16", "buffer.max_staleness=1000", "buffer.batch_size=16")
+# so once in CI; the default cap of 2 batches ahead would too). A bound the run cannot reach, with no
+# cap, keeps the producer issuing, so both engines serve episodes (long ones) at every moment.
+BUSY = ("env.kwargs.max_turns=16", "rollout.max_turns=16", "buffer.max_staleness=1000",
+        "buffer.max_ahead_batches=null", "buffer.batch_size=16")
 
 
 def test_killing_the_local_vllm_core_mid_run(tmp_path, model_dir):
