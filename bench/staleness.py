@@ -18,9 +18,9 @@ effective sample size, VCPO) are the staleness-aware candidates tried against it
 and caps generation at 2 batches ahead of the learner (`buffer.max_ahead_batches`: the bound alone lets a fast
 generator run max_staleness batches ahead, so nearly every episode trains at the bound, "share at the bound"
 below). The cap of 2 is what ships since 2026-11-29, so `default` and `ahead2` are now the same run;
-`uncapped` is the bound alone (what `default` was in the run folders written before that date). At `max_staleness` 0 the methods are
-the same on-policy update, so only `default` runs there: it is the reference every row is compared with.
-Baselines run only at `--baseline-staleness`.
+`uncapped` is the bound alone (what `default` was in the run folders written before that date). At
+`max_staleness` 0 the methods are the same on-policy update, so only `default` runs there: it is the
+reference every row is compared with. Baselines run only at `--baseline-staleness`.
 
 Each run is the real CLI with `engine.seed` = `train.seed` = the seed (the held-out tasks stay the same),
 evaluated on the same 128 held-out tasks every `--eval-every` steps. Printed per workload:

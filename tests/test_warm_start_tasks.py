@@ -204,9 +204,9 @@ def test_arithmetic_teacher_is_right_at_its_rate_and_otherwise_off_by_at_most_th
 
 def test_demo_max_turns_lets_guess_number_demonstrations_run_past_four_turns(tmp_path):
     """guess_number's demonstrations stop at 4 guesses unless `demo_max_turns` says otherwise. With 16, the
-    imperfect teacher (uniform among the possible numbers 70 % of the time on ranges of up to ~100 numbers)
-    needs more than 4 guesses in a good share of episodes, and never more than 16; a task whose teacher
-    takes no `max_turns` is refused by name."""
+    imperfect teacher (uniform among the possible numbers 70 % of the time, on 1-15) needs more than 4
+    guesses in a good share of episodes (51 of 200 when written), and never more than 16; a task whose
+    teacher takes no `max_turns` is refused by name."""
     cfg = DefaultModelConfig(sft_demos=200)
     tok = build_tokenizer(cfg, tmp_path)
     fmt = ChatFormat(tok)
