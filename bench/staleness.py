@@ -14,11 +14,11 @@ Workloads (the embedded default model, warm-started as the examples are):
 Methods (`METHODS`): `default` is what ships (decoupled PPO, truncated IS, `algo.trust_region: clip`);
 `decoupled_tis` and `bypass_dual` are the two recipes it replaced; `half_life` (the trust region's bounds
 halving every 8 versions of a token's age) and `ess_step` (the loss scaled by the importance weights'
-effective sample size, VCPO) are the staleness-aware candidates tried against it; `ahead2` keeps the trust region
-and caps generation at 2 batches ahead of the learner (`buffer.max_ahead_batches`: the bound alone lets a fast
-generator run max_staleness batches ahead, so nearly every episode trains at the bound, "share at the bound"
-below). The cap of 2 is what ships since 2026-11-29, so `default` and `ahead2` are now the same run;
-`uncapped` is the bound alone (what `default` was in the run folders written before that date). At
+effective sample size, VCPO) are the staleness-aware candidates tried against it. `default` caps generation
+at 2 batches ahead of the learner (`buffer.max_ahead_batches: 2`, shipped since 2026-11-29; run folders named
+`ahead2` are that cap); `uncapped` is the bound alone, which lets a fast generator run max_staleness batches
+ahead, so nearly every episode trains at the bound ("share at the bound" below; it is what `default` was in
+run folders written before that date). At
 `max_staleness` 0 the methods are the same on-policy update, so only `default` runs there: it is the
 reference every row is compared with. Baselines run only at `--baseline-staleness`.
 
@@ -63,7 +63,6 @@ METHODS: dict[str, list[str]] = {
     "bypass_dual": ["algo.mode=bypass", "algo.dual_clip=3", "algo.trust_region=none"],
     "half_life": ["algo.trust_region={type: clip, half_life: 8}"],
     "ess_step": ["algo.correction={type: tis, ess_step: true}"],
-    "ahead2": ["buffer.max_ahead_batches=2"],
     "uncapped": ["buffer.max_ahead_batches=null"],
 }
 

@@ -154,8 +154,7 @@ class BufferConfig(StrictModel):
         2, ge=1, le=1000, description="batches generation may run ahead of the learner (groups admitted and not "
         "yet trained <= this many batches); None = as far as max_staleness allows. When generation outruns the "
         "learner, the bound alone makes nearly every token max_staleness old; this keeps the bulk fresh while the "
-        "bound still admits stragglers. 2 never binds at max_staleness 0 or 1; at 16 it held both workloads of "
-        "bench/staleness.py at or above staleness 0 on three seeds, where the bound alone fell 0.07 below")
+        "bound still admits stragglers. 2 never binds at max_staleness 0 or 1 (docs/benchmarks.md, Staleness)")
 
 
 class WeightSyncConfig(StrictModel):

@@ -42,15 +42,19 @@ TaskMaker = Callable[[int, int, str], list[dict[str, Any]]]  # (n, seed, split) 
 Demonstration = Callable[[dict[str, Any], random.Random, float], list[Message]]  # (task, rng, optimal_prob)
 
 
-def demo_source(task: str) -> tuple[TaskMaker, Demonstration]:
+def demo_source(task: str, demo_max_turns: int | None = None) -> tuple[TaskMaker, Demonstration]:
     """The warm-start task's generator and teacher: `demo_tasks` and `demonstration` of `envs.<task>`
-    for a built-in name, else of the module `task` names (a user's env, e.g. `examples.agents.custom_env`)."""
+    for a built-in name, else of the module `task` names (a user's env, e.g. `examples.agents.custom_env`).
+    A `demo_max_turns` the teacher cannot honour is refused here, with the task's other errors."""
     name = task if "." in task else f"envs.{task}"
     module = importlib.import_module(name)
     missing = [f for f in ("demo_tasks", "demonstration") if not callable(getattr(module, f, None))]
     if missing:
         raise ValueError(f"model.default.task={task!r}: module {name} has no {' or '.join(missing)} "
                          "(the warm start's task generator and teacher)")
+    if demo_max_turns is not None and "max_turns" not in inspect.signature(module.demonstration).parameters:
+        raise ValueError(f"model.default.demo_max_turns={demo_max_turns}: {task}'s demonstration(task, rng, "
+                         "optimal_prob) takes no max_turns; leave demo_max_turns unset for this task")
     return module.demo_tasks, module.demonstration
 
 
@@ -78,7 +82,7 @@ def _key(cfg: DefaultModelConfig) -> str:
 
 def _corpus(cfg: DefaultModelConfig) -> list[str]:
     """Text the tokenizer is trained on: rendered demonstrations plus digits and common words."""
-    make_tasks, demonstration = demo_source(cfg.task)
+    make_tasks, demonstration = demo_source(cfg.task, cfg.demo_max_turns)
     rng = random.Random(cfg.seed)
     texts = []
     for task in make_tasks(2000, cfg.seed, "tokenizer"):
@@ -131,11 +135,8 @@ def demonstration_samples(cfg: DefaultModelConfig, fmt: ChatFormat) -> list:
     """`cfg.sft_demos` imperfect demonstrations of `cfg.task` as token samples, tokenised as rollouts are."""
     from agentrl.data.samples import Sample
 
-    make_tasks, demonstration = demo_source(cfg.task)
+    make_tasks, demonstration = demo_source(cfg.task, cfg.demo_max_turns)
     turns = {} if cfg.demo_max_turns is None else {"max_turns": cfg.demo_max_turns}
-    if turns and "max_turns" not in inspect.signature(demonstration).parameters:
-        raise ValueError(f"model.default.demo_max_turns={cfg.demo_max_turns}: {cfg.task}'s demonstration(task, "
-                         "rng, optimal_prob) takes no max_turns; leave demo_max_turns unset for this task")
     rng = random.Random(cfg.seed)
     samples = []
     for i, task in enumerate(make_tasks(cfg.sft_demos, cfg.seed, "demo")):
