@@ -2,7 +2,7 @@
 learner steps and minutes, and the steps each needs to reach 90 % of the teacher's held-out score.
 
     python bench/distill.py [--seeds 0,1,2] [--steps distill=120,rl=300] [--eval-every 10] [--coef 1.0]
-                            [--methods distill,rl] [--out DIR [--reuse]]
+                            [--methods distill,rl] [--out DIR [--reuse]] [overrides ...]
 
 The teacher: the embedded default after RL on guess_number, trained once with the README's main job
 (`examples/agents/guess_number.yaml`, 400 steps) into DIR/teacher and reused from there. Its held-out
@@ -14,7 +14,8 @@ The student: the fresh warm start (the embedded default, as every example starts
 Each run is the real CLI with `engine.seed` = `train.seed` = the seed, evaluated on the same 128 held-out
 tasks every `--eval-every` steps. Printed: each run's curve (steps: score @minutes), then per method and seed
 the final score, the learner steps and minutes to the target (first eval at or above it, and the first
-where the mean of 3 consecutive evals is), and the ratio of distillation's steps to RL's.
+where the mean of 3 consecutive evals is), and the ratio of distillation's steps to RL's. Dotted `overrides`
+(e.g. `learner.lr=1e-3`) go to every student run, both methods alike; the teacher is trained without them.
 `--out DIR` keeps every run; a run whose summary.json is there is not trained again (a long matrix runs in
 parts), `--reuse` trains nothing.
 """
@@ -55,7 +56,7 @@ def teacher(root: Path, reuse: bool) -> tuple[Path, float]:
 
 
 def student(root: Path, method: str, seed: int, steps: int, eval_every: int, model: Path, coef: float,
-            reuse: bool) -> dict:
+            reuse: bool, overrides: list[str]) -> dict:
     out = root / f"{method}-seed{seed}"
     if not (out / "summary.json").is_file():
         if reuse:
@@ -63,7 +64,7 @@ def student(root: Path, method: str, seed: int, steps: int, eval_every: int, mod
         progress(f"{method} / seed {seed}: {steps} steps")
         extra = [f"algo.teacher={{model: {model}, coef: {coef}}}"] if method == "distill" else []
         train(["--config", CONFIGS[method], f"train.steps={steps}", f"train.eval_every={eval_every}",
-               "train.save_model=false", f"engine.seed={seed}", f"train.seed={seed}", *extra], out)
+               "train.save_model=false", f"engine.seed={seed}", f"train.seed={seed}", *extra, *overrides], out)
     return load_run(out)
 
 
@@ -117,11 +118,13 @@ def main() -> None:
     ap.add_argument("--coef", type=float, default=1.0, help="algo.teacher.coef")
     ap.add_argument("--out", help="keep runs here (and resume from them); default: a temporary folder")
     ap.add_argument("--reuse", action="store_true", help="train nothing: report the runs in --out")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides for every student run, e.g. learner.lr=1e-3")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="agentrl-distill-"))
     steps = {k: int(v) for k, v in (kv.split("=") for kv in args.steps.split(","))}
     model, score = teacher(root, args.reuse)
-    runs = {(m, s): student(root, m, s, steps[m], args.eval_every, model, args.coef, args.reuse)
+    runs = {(m, s): student(root, m, s, steps[m], args.eval_every, model, args.coef, args.reuse,
+                            args.overrides)
             for m in args.methods.split(",") for s in (int(x) for x in args.seeds.split(","))}
     report(runs, score)
 
