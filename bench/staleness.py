@@ -4,7 +4,7 @@ and off-policy method, over several seeds, on two workloads. The headline table 
     python bench/staleness.py [--workloads long16,default] [--staleness 0,1,2,4,8,16] [--seeds 0,1,2]
                               [--methods default,decoupled_tis,bypass_dual] [--baseline-staleness 4,8]
                               [--steps long16=80,default=150] [--eval-every 15] [--out DIR [--reuse]]
-                              [--png staleness.png]
+                              [--png staleness.png] [overrides ...]
 
 Workloads (the embedded default model, warm-started as the examples are):
   long16:  bench/scale_out.py's guess-the-number with up to 16 turns and a turn penalty (long-tailed
@@ -32,6 +32,8 @@ evaluated on the same 128 held-out tasks every `--eval-every` steps. Printed per
   3. seconds per step and per learner step.
 `--out DIR` keeps every run's folder; a run whose summary is already there is not trained again (so a
 long matrix can be run in parts), and `--reuse` trains nothing. `--png` draws score against wall-clock.
+Dotted `overrides` (e.g. `learner.lr=1e-3`) go to every run after the workload's and the method's settings;
+give such a matrix an `--out` of its own, since run folders are named by workload, method, staleness, seed.
 """
 
 from __future__ import annotations
@@ -72,11 +74,11 @@ def run_dir(root: Path, workload: str, method: str, staleness: int, seed: int) -
 
 
 def train(model: str, workload: str, method: str, staleness: int, seed: int, steps: int, eval_every: int,
-          out: Path) -> None:
+          out: Path, overrides: list[str]) -> None:
     cmd = [sys.executable, "-m", "agentrl.train", "--config", "examples/agents/guess_number.yaml",
            f"model.path={model}", f"train.out_dir={out}", f"train.steps={steps}", f"train.eval_every={eval_every}",
            f"buffer.max_staleness={staleness}", "train.save_model=false", f"engine.seed={seed}",
-           f"train.seed={seed}", *WORKLOADS[workload], *METHODS[method]]
+           f"train.seed={seed}", *WORKLOADS[workload], *METHODS[method], *overrides]
     progress(f"{workload} / {method} / max_staleness {staleness} / seed {seed}: {steps} steps")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -202,6 +204,7 @@ def main() -> None:
     ap.add_argument("--out", help="keep the run folders here (default: a temporary folder)")
     ap.add_argument("--reuse", action="store_true", help="report the runs already in --out, train nothing")
     ap.add_argument("--png", help="write the score-vs-wall-clock figure here")
+    ap.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. learner.lr=1e-3")
     args = ap.parse_args()
     unknown = [w for w in args.workloads if w not in WORKLOADS] + [m for m in args.methods if m not in METHODS]
     if unknown:
@@ -215,7 +218,8 @@ def main() -> None:
             out = run_dir(root, workload, method, s, seed)
             if not args.reuse and not (out / "summary.json").exists():
                 progress(f"run {n + 1}/{len(todo)}")
-                train(model, workload, method, s, seed, steps[workload], args.eval_every, out)
+                train(model, workload, method, s, seed, steps[workload], args.eval_every, out,
+                      args.overrides)
         by_workload: dict[str, dict] = {}
         for workload, method, s, seed in todo:
             out = run_dir(root, workload, method, s, seed)
