@@ -28,6 +28,11 @@ def resolve_model(name: str) -> str:
     return resolve_path(None if name == "default" else name, DefaultModelConfig())
 
 
+def add_overrides(ap: Any, who: str = "every agentrl.train run") -> None:
+    """The positional dotted overrides (`learner.lr=1e-3`) the run-launching benchmarks pass on."""
+    ap.add_argument("overrides", nargs="*", help=f"dotted overrides for {who}, e.g. learner.lr=1e-3")
+
+
 def progress(msg: str) -> None:
     """A timestamped progress line on stderr (the tables go to stdout)."""
     print(f"[{time.perf_counter() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, progress, run_logged, table
+from bench._common import ROOT, add_overrides, progress, run_logged, table
 from bench.scale_out import SMOOTH, load_run
 
 CONFIGS = {"distill": "examples/agents/distill.yaml", "rl": "examples/agents/guess_number.yaml"}
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--coef", type=float, default=1.0, help="algo.teacher.coef")
     ap.add_argument("--out", help="keep runs here (and resume from them); default: a temporary folder")
     ap.add_argument("--reuse", action="store_true", help="train nothing: report the runs in --out")
-    ap.add_argument("overrides", nargs="*", help="dotted overrides for every student run, e.g. learner.lr=1e-3")
+    add_overrides(ap, "every student run")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="agentrl-distill-"))
     steps = {k: int(v) for k, v in (kv.split("=") for kv in args.steps.split(","))}

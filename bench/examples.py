@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import ROOT, progress, run_logged
+from _common import ROOT, add_overrides, progress, run_logged
 
 TOOL_PORT = 8765
 SANDBOX_PORT = 8766
@@ -115,7 +115,7 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_examples", help="where the runs are written")
     ap.add_argument("--cache", default="", help="AGENTRL_CACHE for the runs (empty folder = cold cache)")
     ap.add_argument("--seeds", default="", help="comma-separated seeds: each example once per seed")
-    ap.add_argument("overrides", nargs="*", help="dotted overrides passed to every agentrl.train run")
+    add_overrides(ap)
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",") if x] or [None]
     chosen = [n for n in (args.only.split(",") if args.only else names) if n]

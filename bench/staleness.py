@@ -15,10 +15,9 @@ Methods (`METHODS`): `default` is what ships (decoupled PPO, truncated IS, `algo
 `decoupled_tis` and `bypass_dual` are the two recipes it replaced; `half_life` (the trust region's bounds
 halving every 8 versions of a token's age) and `ess_step` (the loss scaled by the importance weights'
 effective sample size, VCPO) are the staleness-aware candidates tried against it. `default` caps generation
-at 2 batches ahead of the learner (`buffer.max_ahead_batches: 2`, shipped since 2026-11-29; run folders named
-`ahead2` are that cap); `uncapped` is the bound alone, which lets a fast generator run max_staleness batches
-ahead, so nearly every episode trains at the bound ("share at the bound" below; it is what `default` was in
-run folders written before that date). At
+at 2 batches ahead of the learner (`buffer.max_ahead_batches: 2`, shipped since 2026-11-29); `uncapped` is
+the bound alone, which lets a fast generator run max_staleness batches ahead, so nearly every episode trains
+at the bound ("share at the bound" below; it is what `default` was before that date). At
 `max_staleness` 0 the methods are the same on-policy update, so only `default` runs there: it is the
 reference every row is compared with. Baselines run only at `--baseline-staleness`.
 
@@ -48,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, progress, resolve_model, table
+from bench._common import ROOT, add_overrides, progress, resolve_model, table
 from bench.scale_out import WORKLOAD as SCALE_OUT_WORKLOAD
 from bench.scale_out import SMOOTH, load_run, time_to
 
@@ -204,7 +203,7 @@ def main() -> None:
     ap.add_argument("--out", help="keep the run folders here (default: a temporary folder)")
     ap.add_argument("--reuse", action="store_true", help="report the runs already in --out, train nothing")
     ap.add_argument("--png", help="write the score-vs-wall-clock figure here")
-    ap.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. learner.lr=1e-3")
+    add_overrides(ap, "every run")
     args = ap.parse_args()
     unknown = [w for w in args.workloads if w not in WORKLOADS] + [m for m in args.methods if m not in METHODS]
     if unknown:

@@ -1,5 +1,6 @@
 """The one JSON-lines reader (`agentrl.utils.files.read_jsonl`): strict errors name file and line, tolerant
-reading skips a torn last line, blank lines are skipped, lines end at "\\n" only; and the readers
+reading skips a torn last line, blank lines are skipped, lines end at "\\n" only; folders built aside are
+published once and the ones killed builds left are swept; and the readers
 built on it keep their messages (tasks, texts, metrics, the checkpoint manifest, a resumed file)."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import pytest
 
 from agentrl.run.checkpoint import CheckpointStore
 from agentrl.data import DataError, read_tasks, read_texts
-from agentrl.utils.files import JsonlError, jsonl_lines, publish_folder, read_jsonl, restart_jsonl_at
+from agentrl.utils.files import (JsonlError, build_folder, jsonl_lines, publish_folder, read_jsonl,
+                                  restart_jsonl_at)
 from agentrl.telemetry.metrics import read_metrics
 
 
@@ -94,3 +96,34 @@ def test_publish_folder_keeps_the_first_of_two_builds_and_replaces_an_interrupte
     (stale / "half.bin").write_text("x")
     publish_folder(_built(tmp_path / ".c.tmp", "third"), stale, "DONE")
     assert sorted(p.name for p in stale.iterdir()) == ["DONE"] and (stale / "DONE").read_text() == "third"
+
+
+def test_build_folder_sweeps_what_killed_builds_of_this_host_left_and_nothing_else(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    out = tmp_path / "default-model-abc"
+    host = socket.gethostname()
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)  # a process that has exited: its pid is free (reuse only keeps a folder longer)
+    left = {
+        "dead": tmp_path / f".{out.name}.{host}.{dead}.tmp",                 # a killed build of this host
+        "live": tmp_path / f".{out.name}.{host}.{os.getppid()}.tmp",         # a build in progress
+        "other_host": tmp_path / f".{out.name}.elsewhere-{host}.{dead}.tmp",  # a shared cache's other host
+        "other_model": tmp_path / f".default-model-xyz.{host}.{dead}.tmp",   # another model's: not swept here
+        "user": tmp_path / "notes.tmp",
+    }
+    for p in left.values():
+        p.mkdir()
+        (p / "weights.bin").write_text("x")
+    own = tmp_path / f".{out.name}.{host}.{os.getpid()}.tmp"
+    own.mkdir()
+    (own / "half.bin").write_text("x")  # this process's earlier, failed try
+    tmp = build_folder(out)
+    assert tmp == own and list(tmp.iterdir()) == []  # fresh and empty
+    assert not left["dead"].exists()
+    assert all(left[k].is_dir() for k in ("live", "other_host", "other_model", "user"))
+    (tmp / "DONE").write_text("ok")
+    assert publish_folder(tmp, out, "DONE") == out and not tmp.exists()

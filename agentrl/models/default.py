@@ -27,7 +27,7 @@ from typing import Any, Callable
 from agentrl.data.chat import ChatFormat, Message, ledger_from_messages
 from agentrl.config import DefaultModelConfig
 from agentrl.config.stages import StageConfig
-from agentrl.utils.files import publish_folder
+from agentrl.utils.files import build_folder, publish_folder
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +189,7 @@ def ensure_default_model(cfg: DefaultModelConfig) -> Path:
     log.info("building the embedded default model in %s", out)
     # Built in a folder of this process's own and renamed into place: two runs (or test workers) that
     # start on the same empty cache build side by side, and neither reads the other's half-written files.
-    tmp = root / f".{out.name}.{os.getpid()}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = build_folder(out)
     tokenizer = build_tokenizer(cfg, tmp)
     model = build_model(cfg, tokenizer, tmp)
     if cfg.sft_steps == 0:  # an untrained model

@@ -22,15 +22,13 @@ import argparse
 import importlib.util
 import json
 import logging
-import os
 import re
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentrl.utils.files import publish_folder
+from agentrl.utils.files import build_folder, publish_folder
 from agentrl.utils.process_exit import run_and_exit
 
 if TYPE_CHECKING:
@@ -186,8 +184,7 @@ def prepare(name: str, dtype: str = "float32") -> Path:
     lm.config.dtype = dtype
     # A folder of this process's own, renamed into place: a half-written folder is never mistaken for a
     # prepared one, and two processes preparing at once do not write into each other's.
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = build_folder(out)
     lm.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     publish_folder(tmp, out, "config.json")

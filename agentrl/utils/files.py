@@ -1,5 +1,6 @@
 """Files a kill may interrupt: writing one so that a kill leaves either the old file or the new one,
-never a mix (`atomic_write`), and the one JSON-lines reader (`read_jsonl`, strict or tolerant of the
+never a mix (`atomic_write`); folders built aside and renamed into place (`build_folder`, `publish_folder`);
+and the one JSON-lines reader (`read_jsonl`, strict or tolerant of the
 torn last line a killed writer leaves) with its one error, `JsonlError` ("path:line: what is wrong")."""
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +91,34 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def build_folder(out: Path) -> Path:
+    """A fresh, empty folder beside `out` to build it in, private to this host and process; `publish_folder`
+    renames it into place. A build killed before publishing leaves its folder behind (a warm-started model
+    is gigabytes of checkpoints): those of this host whose process is gone are removed first. A folder of
+    another host (a shared cache) or of a live process is left alone; a reused pid only keeps one longer."""
+    host = socket.gethostname().replace("/", "_")
+    prefix = f".{out.name}.{host}."
+    if out.parent.is_dir():
+        for p in out.parent.iterdir():
+            pid = p.name[len(prefix):-len(".tmp")]
+            if p.name.startswith(prefix) and p.name.endswith(".tmp") and pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(p, ignore_errors=True)
+    tmp = out.with_name(f"{prefix}{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
 
 
 def publish_folder(tmp: Path, out: Path, marker: str) -> Path:
