@@ -113,8 +113,10 @@ def build_folder(out: Path) -> Path:
     prefix = f".{out.name}.{host}."
     if out.parent.is_dir():
         for p in out.parent.iterdir():
+            if not (p.name.startswith(prefix) and p.name.endswith(".tmp")):
+                continue
             pid = p.name[len(prefix):-len(".tmp")]
-            if p.name.startswith(prefix) and p.name.endswith(".tmp") and pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not _pid_alive(int(pid)):
                 shutil.rmtree(p, ignore_errors=True)
     tmp = out.with_name(f"{prefix}{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
