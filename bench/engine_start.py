@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from _common import ROOT, median, progress, resolve_model, table
+from _common import host_line, ROOT, median, progress, resolve_model, table
 
 SIDES = ("vllm-defaults", "agentrl")
 RUN_SIDES = ("spawn", "fork server")
@@ -145,4 +145,5 @@ def engines_alone(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    print(host_line(), flush=True)
     main()

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import ROOT, add_overrides, progress, run_logged
+from _common import host_line, ROOT, add_overrides, progress, run_logged
 
 TOOL_PORT = 8765
 SANDBOX_PORT = 8766
@@ -162,4 +162,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(host_line(), flush=True)
     main()
