@@ -262,6 +262,62 @@ def test_game_lost_when_env_runs_out_of_turns_finishes_ok(tok):
     assert ep.messages[-1] == {"role": "assistant", "content": "2"}
 
 
+def test_midgame_task_replays_its_history_as_context_and_has_spent_those_turns(tok):
+    # History 3 then 13 (target 11): the prompt holds both guesses and replies, untrained (mask 0);
+    # found at the model's second guess = game turn 4, so the 1/16 penalty takes 3/16.
+    task = {**TASK, "history": [3, 13]}
+    engine = ScriptedEngine(tok, ["9", "11"])
+    ep = play(engine, make_spec(tok, env_kwargs={"max_turns": 16, "turn_penalty": 1 / 16}), task=task)
+    assert (ep.status, ep.reward, ep.success, ep.info["env"]["turns"]) == ("ok", 1 - 3 / 16, True, 4)
+    prompt = ("<|im_start|>user\nGuess my number from 1 to 15.<|im_end|>\n<|im_start|>assistant\n3<|im_end|>\n"
+              "<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n13<|im_end|>\n"
+              "<|im_start|>user\nLower.<|im_end|>\n<|im_start|>assistant\n")
+    assert ep.tokens[:ep.prompt_len] == enc(tok, prompt) and not any(ep.loss_mask[:ep.prompt_len])
+    assert [t.text for t in ep.turns] == ["9", "11"]
+    # the history's turns count against max_turns: 2 spent of 3 leaves one guess
+    engine = ScriptedEngine(tok, ["9", "10"])
+    ep = play(engine, make_spec(tok, env_kwargs={"max_turns": 3}), task=task)
+    assert (ep.status, ep.reward, len(engine.calls)) == ("ok", 0.0, 1)
+
+
+@pytest.mark.parametrize("history, why", [([3, 5, 7, 9], "leaves no turn of max_turns=4"),
+                                           ([11], "must hold wrong integer guesses"),
+                                           (["3"], "must hold wrong integer guesses")])
+def test_bad_midgame_history_ends_the_episode_as_an_env_error_naming_the_task(tok, history, why):
+    ep = play(ScriptedEngine(tok, ["1"]), make_spec(tok), task={**TASK, "history": history})
+    assert ep.status == "env_error" and "task t7" in ep.error and why in ep.error and not ep.trainable
+
+
+def test_range_penalty_is_paid_for_each_guess_the_replies_ruled_out_or_no_number(tok):
+    # target 11, history [3] leaves 4..15 open: 2 (ruled out), 13 (in range), 14 (ruled out by 13),
+    # "x" (no number), 12 (in range), then 11 found at game turn 7 with penalty 1/16.
+    task = {**TASK, "history": [3], "range_penalty": 0.25}
+    engine = ScriptedEngine(tok, ["2", "13", "14", "x", "12", "11"])
+    ep = play(engine, make_spec(tok, env_kwargs={"max_turns": 16, "turn_penalty": 1 / 16}), task=task)
+    assert ep.success and ep.reward == pytest.approx(1 - 6 / 16 - 3 * 0.25, abs=1e-12)
+    # a task without the key (every held-out task) pays nothing for the same guesses
+    engine = ScriptedEngine(tok, ["2", "13", "14", "x", "12", "11"])
+    ep = play(engine, make_spec(tok, env_kwargs={"max_turns": 16, "turn_penalty": 1 / 16}), task={**TASK, "history": [3]})
+    assert ep.reward == pytest.approx(1 - 6 / 16, abs=1e-12)
+    train = GuessNumberEnv.make_tasks(20, 1, "train", range_penalty=0.25)
+    assert all(t["range_penalty"] == 0.25 for t in train)
+    assert GuessNumberEnv.make_tasks(20, 1, "eval", range_penalty=0.25) == GuessNumberEnv.make_tasks(20, 1, "eval")
+
+
+def test_midgame_share_is_for_training_tasks_only_and_keeps_their_targets():
+    plain = GuessNumberEnv.make_tasks(2000, 3, "train")
+    mid = GuessNumberEnv.make_tasks(2000, 3, "train", midgame=0.25, midgame_turns=5)
+    assert [t["target"] for t in mid] == [t["target"] for t in plain]
+    histories = [t["history"] for t in mid if "history" in t]
+    # 2000 draws at p=0.25: sd = sqrt(2000 * 0.25 * 0.75) = 19.4, so 500 +- 5 sd
+    assert abs(len(histories) - 500) < 97
+    assert {len(h) for h in histories} == {1, 2, 3, 4, 5}
+    assert all(g != t["target"] and 1 <= g <= 15 for t in mid for g in t.get("history", []))
+    assert GuessNumberEnv.make_tasks(50, 3, "eval", midgame=1.0) == GuessNumberEnv.make_tasks(50, 3, "eval")
+    with pytest.raises(ValueError, match="midgame must be in"):
+        GuessNumberEnv.make_tasks(5, 3, "train", midgame=1.5)
+
+
 class StepRewardEnv(Env):
     """Pays 0.25, 0.5, 1.25 over three steps; says success only on the first step."""
 
