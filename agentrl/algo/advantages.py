@@ -23,6 +23,7 @@ class AdvantageInputs:
     values_BT: torch.Tensor | None = None  # (B, T) critic values V(s_t) (gae only)
     # (B, T) per-token rewards (gae only); None puts the scalar reward on each row's last masked token
     token_rewards_BT: torch.Tensor | None = None
+    input_ids_BT: torch.Tensor | None = None  # (B, T) long, the rows' tokens (state_grpo: which states are equal)
     gamma: float = 1.0  # discount (gae only)
     lam: float = 1.0  # GAE lambda (gae only)
     eps: float = 1e-6  # added to standard deviations before dividing

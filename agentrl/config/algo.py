@@ -71,7 +71,8 @@ class GaeAdvantage(StrictModel):
 class ScalarAdvantage(StrictModel):
     """An estimator of one advantage per episode, from the rewards alone (no critic, no settings)."""
 
-    type: str = Field(description="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, or a name you "
+    type: str = Field(description="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, turn_grpo, "
+                                  "state_grpo, or a name you "
                                   "registered with agentrl.algo.register_advantage")
 
     @classmethod

@@ -136,7 +136,8 @@ class Learner(MicroPasses):
         est = algo.advantage
         discount = dict(gamma=est.gamma, lam=est.lam) if est.type == "gae" else {}  # only gae has (and reads) them
         out = ADVANTAGES[est.type](AdvantageInputs(rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask,
-                                                   values_BT=values, token_rewards_BT=token_rewards, **discount))
+                                                   values_BT=values, token_rewards_BT=token_rewards,
+                                                   input_ids_BT=batch.input_ids, **discount))
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         if algo.teacher is not None:  # on-policy distillation: the teacher's per-token advantage (learner/teacher.py)
             metrics.update(distill_into(batch, algo.teacher))
