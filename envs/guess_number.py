@@ -36,7 +36,8 @@ def replayed(task: dict[str, Any], max_turns: int) -> list[Message]:
     """The opening prompt, then each guess of the task's `history` with its reply."""
     history, target = task.get("history", []), task["target"]
     if len(history) >= max_turns:
-        raise ValueError(f"task {task.get('id')}: history of {len(history)} guesses leaves no turn of max_turns={max_turns}")
+        raise ValueError(f"task {task.get('id')}: history of {len(history)} guesses leaves no turn of "
+                         f"max_turns={max_turns}")
     messages: list[Message] = [{"role": "user", "content": prompt_text(task["low"], task["high"])}]
     for guess in history:
         if not isinstance(guess, int) or guess == target:

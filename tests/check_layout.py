@@ -1,8 +1,8 @@
 """The layout's rules, checked by walking every import (also those inside functions):
 
   * `agentrl/config` imports nothing of the project but itself, `agentrl.types`, and the leaf registries
-    `agentrl.algo` and `agentrl.rollout.tools` (names checked by validators); never `rewards`, `envs`, rollout,
-    the learner, DeepSpeed or vLLM;
+    `agentrl.algo` and `agentrl.rollout.tools` with their lookup `agentrl.utils.registry` (names checked by
+    validators); never `rewards`, `envs`, rollout, the learner, DeepSpeed or vLLM;
   * `agentrl/algo` imports only torch and the standard library;
   * `agentrl/rollout` imports neither DeepSpeed nor `agentrl.learner`;
   * `rewards/` never imports `agentrl.learner`;
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 MAX_LINES = 400
-CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl.rollout.tools")
+CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl.rollout.tools", "agentrl.utils.registry")
 CONFIG_MAY_NOT = ("agentrl.rollout.tools.client", "agentrl.rollout.tools.budget", "agentrl.rollout.tools.counts")
 PROJECT = ("agentrl", "rewards", "envs", "examples", "bench", "tests")
 LIBRARY = ("agentrl", "envs", "rewards")  # what the tier and circle rules cover
@@ -41,6 +41,7 @@ TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves: nothing of the project above them",
      ("agentrl", "agentrl.types", "agentrl.algo", "agentrl.utils", "agentrl.utils.faults", "agentrl.utils.tracebacks",
       "agentrl.utils.stdio", "agentrl.utils.files", "agentrl.utils.padding", "agentrl.utils.process_exit",
+      "agentrl.utils.registry",
       "agentrl.telemetry", "agentrl.telemetry.plot", "agentrl.rollout.tools")),
     ("the validated config tree", ("agentrl.config",)),
     ("pieces the components share",
@@ -123,7 +124,8 @@ def rule_violations(module: str, name: str) -> str | None:
     """Why `module` may not import `name`, or None."""
     if _within(module, ("agentrl.config",)):
         if _within(name, PROJECT) and (not _within(name, CONFIG_MAY_IMPORT) or _within(name, CONFIG_MAY_NOT)):
-            return "agentrl/config imports only agentrl.config, agentrl.types and the registries algo and rollout.tools"
+            return ("agentrl/config imports only agentrl.config, agentrl.types and the registries algo and rollout.tools "
+                    "(and their lookup, agentrl.utils.registry)")
         if _within(name, ("deepspeed", "vllm")):
             return "agentrl/config imports no engine"
     if _within(module, ("agentrl.algo",)):

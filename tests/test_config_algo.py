@@ -106,6 +106,20 @@ def test_typos_and_unknown_types_inside_a_sub_config():
     assert "algo.correction: Input tag 'clip' found using 'type' does not match any of the expected tags: 'none', " \
            "'tis', 'mask'" in error("algo.correction=clip")
     assert "algo.advantage.type='grpoo' is not one of" in error("algo.advantage=grpoo")
+    assert error("algo.advantage=grpoo").endswith("did you mean 'grpo'?")
+
+
+def test_an_estimator_and_a_loss_a_users_module_registers_are_named_by_module_path():
+    # the module registers my_grpo / my_ppo when imported; the config imports it while it checks the names
+    a = algo("algo.advantage=tests.fixtures.custom_algo:my_grpo", "algo.policy_loss=tests.fixtures.custom_algo:my_ppo")
+    assert (a.advantage.type, a.policy_loss) == ("tests.fixtures.custom_algo:my_grpo", "tests.fixtures.custom_algo:my_ppo")
+    assert "algo.advantage.type='no_such_pkg.algos:x': cannot import 'no_such_pkg.algos'" in error(
+        "algo.advantage=no_such_pkg.algos:x")
+    assert "algo.policy_loss='tests.fixtures.custom_algo:nope' is not one of" in error(
+        "algo.policy_loss=tests.fixtures.custom_algo:nope")
+    assert "after importing 'tests.fixtures.custom_algo' (does it register 'nope'?)" in error(
+        "algo.policy_loss=tests.fixtures.custom_algo:nope")
+    assert "a name your own module registers goes as 'package.module:name'" in error("algo.policy_loss=my_loss")
 
 
 def test_values_out_of_bounds_are_located_inside_the_sub_config():

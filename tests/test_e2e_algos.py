@@ -76,14 +76,21 @@ def test_ppo_with_actor_critic_reference_and_reward_model(tmp_path, model_dir, r
     assert max(deltas) > 0  # trained, and loadable
 
 
-def test_grpo_with_k3_kl_tis_and_lora_at_staleness_0(tmp_path, model_dir):
+def test_grpo_with_k3_kl_tis_and_lora_at_staleness_0(tmp_path, model_dir, monkeypatch):
+    # GRPO and the clipped loss as a user's module registers them (tests/fixtures/custom_algo.py), named in the
+    # config by module path: the learner imports the module itself, and each step calls both.
+    calls = tmp_path / "algo_calls.txt"
+    monkeypatch.setenv("AGENTRL_TEST_ALGO_CALLS", str(calls))
     res = run_cli(
         tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=4",
         "buffer.batch_size=16", "rollout.n_samples=8", "buffer.max_staleness=0", "train.save_model=false",
         "algo.kl={type: loss, coef: 0.05, estimator: k3}", "algo.correction=tis", "algo.dynamic_filter=true",
+        "algo.advantage=tests.fixtures.custom_algo:my_grpo", "algo.policy_loss=tests.fixtures.custom_algo:my_ppo",
         "learner.lora.rank=8", "learner.lora.alpha=16", "learner.lr=1e-3")
     records = res["records"]
     assert len(records) == 4
+    kinds = [line.split()[0] for line in calls.read_text().splitlines()]
+    assert kinds.count("advantage") == 4 and kinds.count("loss") >= 4  # one estimate a step, a loss a micro-batch
     for rec in records:
         assert rec["trained_staleness_max"] == 0
         # vLLM samples from merged LoRA weights that the learner recomputes exactly

@@ -183,7 +183,7 @@ FOUND = {
     "an infinite deadline": (["rollout.episode_timeout_s=.inf"], None,
                              r"^invalid config: rollout.episode_timeout_s: Input should be a finite number$"),
     "a relative tool parser module": (["rollout.tool_format='..:x'"], None,
-                                      r"^invalid config: rollout.tool_format: cannot import the tool parser '..:x': "),
+                                      r"^invalid config: rollout.tool_format='..:x': cannot import '..' "),
     "a key with a line break": (['data={"ev\\nal": 1}'], None, r"^unknown config key 'data.ev\\nal'; "),
     "an override nested too deeply": (["env.kwargs.a=" + "[" * 20000], None,
                                       r"^override 'env.kwargs.a': the value's collections are nested too deeply"),

@@ -71,13 +71,13 @@ def test_hermes_malformed_and_unterminated_are_errors_not_exceptions(text, calls
 def test_none_parser_and_lookup_errors():
     assert get_tool_parser("none")(tool_call("a")) == ([], None)
     assert get_tool_parser("agentrl.rollout.tools:hermes") is hermes  # module:name imports the module first
-    with pytest.raises(ValueError, match=r"tool parser 'qwen9' is not one of \['hermes', 'mistral', 'none'"):
+    with pytest.raises(ValueError, match=r"rollout.tool_format='qwen9' is not one of \['hermes', 'mistral', 'none'"):
         get_tool_parser("qwen9")
-    with pytest.raises(ValueError, match="cannot import tool parser module 'no_such_mod'"):
+    with pytest.raises(ValueError, match="rollout.tool_format='no_such_mod:x': cannot import 'no_such_mod'"):
         get_tool_parser("no_such_mod:x")
     with pytest.raises(ValueError, match="already registered"):
         register_tool_parser("hermes", render=lambda calls: "", start_marker=None)(hermes)
-    with pytest.raises(ValidationError, match="tool parser 'qwen9' is not one of"):
+    with pytest.raises(ValidationError, match="rollout.tool_format='qwen9' is not one of"):
         RolloutConfig(tool_format="qwen9")
 
 

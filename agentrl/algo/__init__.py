@@ -10,7 +10,7 @@ Call sites pick an entry from a registry by its config name and call it with one
 """
 
 from .advantages import ADVANTAGES, AdvantageInputs, AdvantageOutput, register_advantage
-from . import turn_baseline  # noqa: F401  (registers the turn_grpo estimator)
+from . import turn_baseline  # noqa: F401  (registers the turn_grpo and state_grpo estimators)
 from .correction import (CorrectionSettings, ImportanceWeights, TrustRegionSettings, behaviour_trust_mask, correction_metrics, importance_weights,
                          masked_mean, staleness_buckets)
 from .losses import (

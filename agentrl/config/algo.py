@@ -72,8 +72,8 @@ class ScalarAdvantage(StrictModel):
     """An estimator of one advantage per episode, from the rewards alone (no critic, no settings)."""
 
     type: str = Field(description="grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, turn_grpo, "
-                                  "state_grpo, or a name you "
-                                  "registered with agentrl.algo.register_advantage")
+                                  "state_grpo, or 'package.module:name' for an estimator that module registers "
+                                  "with agentrl.algo.register_advantage")
 
     @classmethod
     def registered(cls) -> list[str]:
@@ -86,9 +86,9 @@ class ScalarAdvantage(StrictModel):
     @classmethod
     def _registered(cls, name: str) -> str:
         from agentrl.algo import ADVANTAGES
+        from agentrl.utils.registry import lookup
 
-        if name not in ADVANTAGES:
-            raise ValueError(f"algo.advantage.type={name!r} is not one of {sorted(ADVANTAGES)}")
+        lookup(ADVANTAGES, name, "algo.advantage.type")
         return name
 
 
@@ -247,7 +247,8 @@ class AlgoConfig(StrictModel):
     advantage: Advantage = Field(default_factory=lambda: ScalarAdvantage(type="grpo"),
                                  description="estimator: a name in agentrl.algo.ADVANTAGES (short form) or "
                                              "{type: gae, gamma, lam, value_clip}")
-    policy_loss: str = Field("ppo_clip", description="name in agentrl.algo.POLICY_LOSSES")
+    policy_loss: str = Field("ppo_clip", description="ppo_clip, gspo, cispo, or 'package.module:name' for a loss "
+                                                      "that module registers with agentrl.algo.register_policy_loss")
     mode: Literal["decoupled", "bypass"] = Field(
         "decoupled", description="decoupled: learner recomputes pi_prox; bypass: vLLM's mu is the old policy")
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO ratio lower clip epsilon, on pi_theta/pi_old "
@@ -305,9 +306,9 @@ class AlgoConfig(StrictModel):
     @model_validator(mode="after")
     def _applies(self) -> "AlgoConfig":
         from agentrl.algo import POLICY_LOSSES
+        from agentrl.utils.registry import lookup
 
-        if self.policy_loss not in POLICY_LOSSES:
-            raise ValueError(f"algo.policy_loss={self.policy_loss!r} is not one of {sorted(POLICY_LOSSES)}")
+        lookup(POLICY_LOSSES, self.policy_loss, "algo.policy_loss")
         # A registered loss of your own may read dual_clip; of the built-ins only the clipped surrogate does.
         if self.dual_clip is not None and self.policy_loss in ("cispo",):
             raise ValueError(f"algo.dual_clip applies only with algo.policy_loss {' or '.join(DUAL_CLIP_LOSSES)} "

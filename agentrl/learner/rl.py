@@ -19,7 +19,7 @@ from typing import Iterator
 
 import torch
 
-from agentrl.utils import faults
+from agentrl.utils import faults, registry
 from agentrl.algo import (ADVANTAGES, POLICY_LOSSES, AdvantageInputs, PolicyLossInputs, RunningMoments,
                           aggregate, clip_rewards, kl_estimate, kl_penalized_token_rewards,
                           masked_mean, sequence_kl, staleness_buckets, value_loss)
@@ -103,7 +103,8 @@ class Learner(MicroPasses):
         self.unsup_batches = unsup_batches
         self.kl_ctl = kl_controller(algo)
         self.reward_moments = RunningMoments()
-        self.loss_fn = POLICY_LOSSES[algo.policy_loss]
+        self.loss_fn = registry.lookup(POLICY_LOSSES, algo.policy_loss, "algo.policy_loss")  # imports a user's module here too
+        self.estimator = registry.lookup(ADVANTAGES, algo.advantage.type, "algo.advantage.type")
         self.version = 0  # actor optimizer steps (also counted while the actor is frozen: pushes stay ordered)
         self.batches_seen = 0
         self.unsup_drawn = 0  # batches taken from unsup_batches (a resumed run skips as many)
@@ -135,9 +136,8 @@ class Learner(MicroPasses):
                     rewards = token_rewards.sum(-1)
         est = algo.advantage
         discount = dict(gamma=est.gamma, lam=est.lam) if est.type == "gae" else {}  # only gae has (and reads) them
-        out = ADVANTAGES[est.type](AdvantageInputs(rewards_B=rewards, group_ids_B=batch.group_ids, mask_BT=mask,
-                                                   values_BT=values, token_rewards_BT=token_rewards,
-                                                   input_ids_BT=batch.input_ids, **discount))
+        out = self.estimator(AdvantageInputs(rewards, batch.group_ids, mask, values, token_rewards,
+                                             input_ids_BT=batch.input_ids, **discount))
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         if algo.teacher is not None:  # on-policy distillation: the teacher's per-token advantage (learner/teacher.py)
             metrics.update(distill_into(batch, algo.teacher))

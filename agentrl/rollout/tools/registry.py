@@ -5,14 +5,15 @@ endpoint read calls out of a turn), rendering it (the endpoint writes back calls
 as the model would have written them) and finding where a call starts (the endpoint cuts the reply's
 `content` and holds back streamed text there) must agree, so they are one `ToolFormat`.
 
-Pure: imports nothing of the project, so the config's validator can import it.
+Pure: imports nothing of the project but agentrl.utils.registry, so the config's validator can import it.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from agentrl.utils.registry import lookup
 
 
 @dataclass
@@ -65,16 +66,7 @@ def register_tool_parser(name: str, *, render: ToolRenderer,
 
 def get_tool_format(name: str) -> ToolFormat:
     """The format registered as `name`; `"pkg.module:name"` first imports the module that registers it."""
-    if ":" in name:
-        module, _, name = name.partition(":")
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"cannot import tool parser module {module!r}: {exc}") from exc
-    fmt = TOOL_FORMATS.get(name)
-    if fmt is None:
-        raise ValueError(f"tool parser {name!r} is not one of {sorted(TOOL_FORMATS)}")
-    return fmt
+    return lookup(TOOL_FORMATS, name, "rollout.tool_format")
 
 
 def get_tool_parser(name: str) -> ToolParser:
