@@ -10,7 +10,9 @@ guesses and their replies in the prompt and the turn count (budget and penalty) 
 `make_tasks(..., midgame=p)` gives that share of the training tasks a random history; held-out tasks
 always start at turn 1. Why: warm-started from 4-turn demonstrations, the model meets turns 5-16 only
 after its own mistakes, so RL sees few of them (on the 16-turn workload a turn among 9-16 holds 0.06
-as many training guesses as one among 1-4) and never improves them (docs/benchmarks.md, "Staleness").
+as many training guesses as one among 1-4) and never improves them. Measured there, neither mid-game
+starts nor `range_penalty` (below) improved those turns (docs/benchmarks.md, "Staleness"): options, off
+by default.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def replayed(task: dict[str, Any], max_turns: int) -> list[Message]:
     for guess in history:
         if not isinstance(guess, int) or guess == target:
             raise ValueError(f"task {task.get('id')}: history holds {guess!r}; it must hold wrong integer guesses")
-        messages += [{"role": "assistant", "content": str(guess)}, {"role": "user", "content": feedback(guess, target)}]
+        messages += [{"role": "assistant", "content": str(guess)},
+                     {"role": "user", "content": feedback(guess, target)}]
     return messages
 
 

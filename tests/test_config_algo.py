@@ -111,8 +111,9 @@ def test_typos_and_unknown_types_inside_a_sub_config():
 
 def test_an_estimator_and_a_loss_a_users_module_registers_are_named_by_module_path():
     # the module registers my_grpo / my_ppo when imported; the config imports it while it checks the names
-    a = algo("algo.advantage=tests.fixtures.custom_algo:my_grpo", "algo.policy_loss=tests.fixtures.custom_algo:my_ppo")
-    assert (a.advantage.type, a.policy_loss) == ("tests.fixtures.custom_algo:my_grpo", "tests.fixtures.custom_algo:my_ppo")
+    mine = "tests.fixtures.custom_algo"
+    a = algo(f"algo.advantage={mine}:my_grpo", f"algo.policy_loss={mine}:my_ppo")
+    assert (a.advantage.type, a.policy_loss) == (f"{mine}:my_grpo", f"{mine}:my_ppo")
     assert "algo.advantage.type='no_such_pkg.algos:x': cannot import 'no_such_pkg.algos'" in error(
         "algo.advantage=no_such_pkg.algos:x")
     assert "algo.policy_loss='tests.fixtures.custom_algo:nope' is not one of" in error(

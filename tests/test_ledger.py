@@ -297,7 +297,8 @@ def test_range_penalty_is_paid_for_each_guess_the_replies_ruled_out_or_no_number
     assert ep.success and ep.reward == pytest.approx(1 - 6 / 16 - 3 * 0.25, abs=1e-12)
     # a task without the key (every held-out task) pays nothing for the same guesses
     engine = ScriptedEngine(tok, ["2", "13", "14", "x", "12", "11"])
-    ep = play(engine, make_spec(tok, env_kwargs={"max_turns": 16, "turn_penalty": 1 / 16}), task={**TASK, "history": [3]})
+    spec = make_spec(tok, env_kwargs={"max_turns": 16, "turn_penalty": 1 / 16})
+    ep = play(engine, spec, task={**TASK, "history": [3]})
     assert ep.reward == pytest.approx(1 - 6 / 16, abs=1e-12)
     train = GuessNumberEnv.make_tasks(20, 1, "train", range_penalty=0.25)
     assert all(t["range_penalty"] == 0.25 for t in train)

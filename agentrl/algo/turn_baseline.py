@@ -30,7 +30,8 @@ b_{g,k}. Why: turn_grpo's b_{g,k} mixes states, so a turn-3 guess in an episode 
 a wide range is judged by those guesses too; on the 16-turn workload the midpoint share of turn-3 guesses
 stayed at 0.37-0.40 over 120 steps while turn 1 went 0.36 -> 0.85 (docs/benchmarks.md, "Staleness"). Within
 one state only the turn's own choice and what followed it differ. Turn 1 is GRPO again (one state per task).
-Also reads input_ids_BT.
+Also reads input_ids_BT. Measured there (seed 0, 120 steps): turn 3 still ended at 0.37 and the held-out
+score at 0.767 against turn_grpo's 0.786, so turn_grpo stays the workload's estimator.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ def turn_grpo(inp: AdvantageInputs) -> AdvantageOutput:
 def state_grpo(inp: AdvantageInputs) -> AdvantageOutput:
     """GRPO with the baseline of each turn taken over the group's episodes in the same state at that turn."""
     return _turn_advantages(inp, by_state=True)
+
 
 def state_baselines(rewards_B: torch.Tensor, group_ids_B: torch.Tensor, turn_BT: torch.Tensor,
                     input_ids_BT: torch.Tensor, fallback_BK: torch.Tensor) -> torch.Tensor:

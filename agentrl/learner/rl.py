@@ -103,7 +103,7 @@ class Learner(MicroPasses):
         self.unsup_batches = unsup_batches
         self.kl_ctl = kl_controller(algo)
         self.reward_moments = RunningMoments()
-        self.loss_fn = registry.lookup(POLICY_LOSSES, algo.policy_loss, "algo.policy_loss")  # imports a user's module here too
+        self.loss_fn = registry.lookup(POLICY_LOSSES, algo.policy_loss, "algo.policy_loss")
         self.estimator = registry.lookup(ADVANTAGES, algo.advantage.type, "algo.advantage.type")
         self.version = 0  # actor optimizer steps (also counted while the actor is frozen: pushes stay ordered)
         self.batches_seen = 0
