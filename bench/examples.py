@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import host_line, ROOT, add_overrides, progress, run_logged
+from _common import ROOT, add_overrides, host_line, progress, run_logged
 
 TOOL_PORT = 8765
 SANDBOX_PORT = 8766
@@ -62,10 +62,18 @@ EXAMPLES = (
 PIPELINE = "pipeline"  # examples/pipeline/run.sh: SFT -> RM -> PPO
 
 
-def wait_port(port: int, timeout_s: float = 60.0) -> None:
+def listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+def wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{' '.join(proc.args[1:])} exited with status {proc.returncode} before listening")
+        if listening(port):
             return
         time.sleep(0.2)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f}s")
@@ -73,10 +81,14 @@ def wait_port(port: int, timeout_s: float = 60.0) -> None:
 
 @contextlib.contextmanager
 def server(env: dict[str, str], module: str = "rewards.servers.tools", port: int = TOOL_PORT):
+    # A port already answering would pass wait_port with another process's server (an orphan of a killed
+    # bench, say), and the example would silently run against it.
+    if listening(port):
+        raise RuntimeError(f"127.0.0.1:{port} is taken by another process; stop it before running {module}")
     proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port)], cwd=ROOT,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_port(port)
+        wait_port(port, proc)
         yield
     finally:
         proc.terminate()

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import host_line, ROOT, median, progress, resolve_model, run_uvloop, table
+from bench._common import ROOT, host_line, median, progress, resolve_model, run_uvloop, table
 from agentrl.utils.files import read_jsonl
 
 ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}

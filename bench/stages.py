@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import host_line, ROOT, progress, table
+from bench._common import ROOT, host_line, progress, table
 
 OLD_WARM = Path("/root/.cache/agentrl/default-model-78c592adc323")
 EVAL_CONFIG = "examples/agents/guess_number.yaml"

@@ -133,12 +133,11 @@ def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float,
         messages.append({"role": "assistant", "content": str(guess)})
         if guess == target or turn == max_turns - 1:
             break
+        messages.append({"role": "user", "content": feedback(guess, target)})
         if guess < target:
             lo = guess + 1
-            messages.append({"role": "user", "content": "Higher."})
         else:
             hi = guess - 1
-            messages.append({"role": "user", "content": "Lower."})
     return messages
 
 

@@ -107,8 +107,8 @@ def build_folder(out: Path) -> Path:
     """A fresh, empty folder beside `out` to build it in, private to this host and process; `publish_folder`
     renames it into place. A build killed before publishing leaves its folder behind (a named model's
     weights, hundreds of MB; a warm start's SFT checkpoints): those of this host whose process is gone are
-    removed first. A folder of
-    another host (a shared cache) or of a live process is left alone; a reused pid only keeps one longer."""
+    removed first. A folder of another host (a shared cache) or of a live process is left alone; a reused
+    pid only keeps one longer."""
     host = socket.gethostname().replace("/", "_")
     prefix = f".{out.name}.{host}."
     if out.parent.is_dir():
