@@ -46,14 +46,17 @@ ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
 # taken) and collapsed here within 20 steps; this benchmark then ran algo.mode=bypass with algo.dual_clip=3.
 # bench/staleness.py compares those recipes with the default.
 SMOOTH = 3  # time to target on the mean of this many consecutive evals (robust to one noisy eval)
-# algo.advantage=turn_grpo (agentrl/algo/turn_baseline.py): GRPO spreads one episode-level advantage over
-# up to 16 turns, so a good late guess in a long episode is pushed down with the wasted ones before it; on
-# this workload GRPO stayed flat on-policy (0.743 -> 0.715 in 60 steps, seed 0) where turn_grpo, which takes
-# each turn's baseline over the group's episodes that reached that turn, rose (0.743 -> 0.768 in 120 steps,
-# training reward 0.72 -> 0.77): docs/benchmarks.md, "Staleness".
+# The estimator: PPO's GAE with a critic (`algo.advantage=gae`, the critic initialised from the actor with a
+# new value head, trained alone for the first 5 steps). GRPO spreads one episode-level advantage over up to
+# 16 turns, so a good late guess in a long episode is pushed down with the wasted ones before it: on this
+# workload GRPO stayed flat on-policy (0.743 -> 0.715 in 60 steps, seed 0). turn_grpo (a baseline per turn
+# over the group's episodes that reached it) learned, +0.036 over the warm start in 120 steps (seeds 0-2);
+# a critic judges every guess against the value of the state it was made in and gained +0.050 (0.803 against
+# turn_grpo's 0.789) at 1.4x the seconds a step: docs/benchmarks.md, "Staleness".
 WORKLOAD = ["env.import_path=envs.guess_number:GuessNumberEnv", "env.kwargs.max_turns=16",
             f"env.kwargs.turn_penalty={ENV_KWARGS['turn_penalty']}", "rollout.max_turns=16",
-            "rollout.max_tokens_per_turn=6", "engine.max_model_len=512", "algo.advantage=turn_grpo"]
+            "rollout.max_tokens_per_turn=6", "engine.max_model_len=512", "algo.advantage=gae",
+            "learner.freeze_actor_steps=5"]
 
 
 async def fleet_round_rates(model: str, engines: int, episodes: int, rounds: int) -> tuple[list[float], Counter]:

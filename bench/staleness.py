@@ -9,7 +9,7 @@ and off-policy method, over several seeds, on two workloads. The headline table 
 Workloads (the embedded default model, warm-started as the examples are):
   long16:  bench/scale_out.py's guess-the-number with up to 16 turns and a turn penalty (long-tailed
            episodes: the setting where asynchronous generation pays and stale samples hurt), trained with
-           its estimator, `algo.advantage=turn_grpo` (a baseline per turn; GRPO does not learn there);
+           its estimator, `algo.advantage=gae` (PPO with a critic; GRPO does not learn there);
   default: the README's main job, examples/agents/guess_number.yaml (up to 4 turns).
 Methods (`METHODS`): `default` is what ships (decoupled PPO, truncated IS, `algo.trust_region: clip`);
 `decoupled_tis` and `bypass_dual` are the two recipes it replaced; `half_life` (the trust region's bounds
@@ -53,7 +53,7 @@ from bench.scale_out import SMOOTH, load_run, time_to
 
 OFF_POLICY_KEYS = ("algo.mode", "algo.correction", "algo.trust_region", "algo.dual_clip")
 WORKLOADS: dict[str, list[str]] = {
-    # the workload's estimator stays (turn_grpo); its off-policy settings are the methods' to set
+    # the workload's estimator stays (gae); its off-policy settings are the methods' to set
     "long16": [o for o in SCALE_OUT_WORKLOAD if not o.startswith(OFF_POLICY_KEYS)],
     "default": [],
 }
