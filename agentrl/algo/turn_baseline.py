@@ -31,8 +31,8 @@ a wide range is judged by those guesses too; on the 16-turn workload the midpoin
 stayed at 0.37-0.40 over 120 steps while turn 1 went 0.36 -> 0.85 (docs/benchmarks.md, "Staleness"). Within
 one state only the turn's own choice and what followed it differ. Turn 1 is GRPO again (one state per task).
 Also reads input_ids_BT. Measured there (seed 0, 120 steps): turn 3 still ended at 0.37 and the held-out
-score at 0.767 against turn_grpo's 0.786. The workload's estimator is PPO's GAE now: a critic gained +0.050
-over seeds 0-2 where turn_grpo gained +0.036 (docs/benchmarks.md, "Staleness").
+score at 0.767 against turn_grpo's 0.786. The workload's estimator is PPO's GAE now: a critic gained +0.0496
+over seeds 0-2 where turn_grpo gained +0.035 (docs/benchmarks.md, "Staleness").
 """
 
 from __future__ import annotations
