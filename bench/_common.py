@@ -4,8 +4,10 @@ plain-text tables."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -19,6 +21,40 @@ if str(ROOT) not in sys.path:  # run as `python bench/x.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 _T0 = time.perf_counter()
+
+
+def listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def serve(module: str, port: int, *args: str, env: dict[str, str] | None = None, timeout_s: float = 60.0):
+    """`python -m module --port port *args` on loopback for the block, once it listens; yields the process.
+    A port already answering is refused (another process's server, an orphan of a killed bench, would pass the
+    wait and the benchmark would silently run against it), and a server that exits before listening raises."""
+    if listening(port):
+        raise RuntimeError(f"127.0.0.1:{port} is taken by another process; stop it before running {module}")
+    env = {"PYTHONPATH": str(ROOT), **(os.environ if env is None else env)}
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not listening(port):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{module} exited with status {proc.returncode} before listening on {port}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f}s")
+            time.sleep(0.2)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def resolve_model(name: str) -> str:

@@ -49,7 +49,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.learner.dist import free_port
-from bench._common import ROOT, progress, resolve_model
+from bench._common import ROOT, progress, resolve_model, serve
 
 STEPS, EVERY, GROUP = 6, 2, 4
 RUN_TIMEOUT_S = 420
@@ -199,22 +199,6 @@ def stranger(proc: subprocess.Popen, out: Path) -> None:
         time.sleep(0.5)
 
 
-@contextlib.contextmanager
-def _server(module: str, port: int, *args: str):
-    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *args], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            time.sleep(0.3)
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
 class ToolServer:
     """The calculator job's tool server, killed mid-run and started again."""
 
@@ -225,7 +209,7 @@ class ToolServer:
     def __call__(self):
         self.stack = contextlib.ExitStack()
         with self.stack:
-            self.stack.enter_context(_server("rewards.servers.tools", self.port))
+            self.stack.enter_context(serve("rewards.servers.tools", self.port))
             yield [f"tools.servers.calculator.url=http://127.0.0.1:{self.port}"]
 
     def kill_and_restart(self, proc: subprocess.Popen, out: Path) -> None:
@@ -233,13 +217,13 @@ class ToolServer:
             return
         self.stack.close()  # kills it
         time.sleep(5)
-        self.stack.enter_context(_server("rewards.servers.tools", self.port))
+        self.stack.enter_context(serve("rewards.servers.tools", self.port))
 
 
 @contextlib.contextmanager
 def flaky_verifier():
     port = free_port()
-    with _server("rewards.servers.verifier", port, "--fail-rate", "0.6"):
+    with serve("rewards.servers.verifier", port, "--fail-rate", "0.6"):
         yield [f"rewards.sources=[{{name: verifier, type: http, http: {{url: 'http://127.0.0.1:{port}/verify', "
                f"max_retries: 6, backoff_base_s: 0.05}}}}]"]
 

@@ -21,14 +21,12 @@ import argparse
 import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import ROOT, add_overrides, host_line, progress, run_logged
+from _common import ROOT, add_overrides, host_line, progress, run_logged, serve
 
 TOOL_PORT = 8765
 SANDBOX_PORT = 8766
@@ -62,47 +60,14 @@ EXAMPLES = (
 PIPELINE = "pipeline"  # examples/pipeline/run.sh: SFT -> RM -> PPO
 
 
-def listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-        return True
-    return False
-
-
-def wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{' '.join(proc.args[1:])} exited with status {proc.returncode} before listening")
-        if listening(port):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s:.0f}s")
-
-
-@contextlib.contextmanager
-def server(env: dict[str, str], module: str = "rewards.servers.tools", port: int = TOOL_PORT):
-    # A port already answering would pass wait_port with another process's server (an orphan of a killed
-    # bench, say), and the example would silently run against it.
-    if listening(port):
-        raise RuntimeError(f"127.0.0.1:{port} is taken by another process; stop it before running {module}")
-    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port)], cwd=ROOT,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_port(port, proc)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 def run_example(ex: Example, out: Path, env: dict[str, str], extra: list[str]) -> tuple[float | None, float]:
     """(held-out score before, after); before is None when the run skipped it (train.eval_before=false)."""
     cmd = [sys.executable, "-m", "agentrl.train", "--config", ex.config, f"train.out_dir={out}", *extra]
     with contextlib.ExitStack() as servers:
         if ex.tool_server:
-            servers.enter_context(server(env))
+            servers.enter_context(serve("rewards.servers.tools", TOOL_PORT, env=env))
         if ex.sandbox:
-            servers.enter_context(server(env, "rewards.servers.sandbox", SANDBOX_PORT))
+            servers.enter_context(serve("rewards.servers.sandbox", SANDBOX_PORT, env=env))
         run_logged(cmd, out.with_suffix(".log"), env)
     summary = json.loads((out / "summary.json").read_text())
     before = summary.get("eval_before")
