@@ -57,13 +57,32 @@ def serve(module: str, port: int, *args: str, env: dict[str, str] | None = None,
             proc.wait()
 
 
+MODEL_HELP = ("default (the embedded model), default:KEY=VALUE,... (it built with those model.default settings, "
+              "e.g. default:hidden_size=256,num_layers=4), a prepared name or a Hugging Face folder")
+
+
 def resolve_model(name: str) -> str:
-    """'default' -> the embedded default model's folder; a prepared name (smollm2-135m-instruct) -> its
-    folder; anything else is taken as a Hugging Face folder."""
-    from agentrl.config import DefaultModelConfig
+    """'default' -> the embedded default model's folder; 'default:KEY=VALUE,...' -> the embedded default
+    model built with those `model.default` settings (`default:hidden_size=256,num_layers=4`: built on first
+    use, then cached under its own key); a prepared name (smollm2-135m-instruct) -> its folder; anything
+    else is taken as a Hugging Face folder."""
     from agentrl.models.named import resolve_path
 
-    return resolve_path(None if name == "default" else name, DefaultModelConfig())
+    if name == "default" or name.startswith("default:"):
+        return resolve_path(None, default_model_config(name.partition(":")[2]))
+    return resolve_path(name, default_model_config(""))
+
+
+def default_model_config(settings: str) -> Any:
+    """The `model.default` section `KEY=VALUE,...` gives, validated by the config tree (a misspelt key is
+    an error naming the nearest valid one)."""
+    from agentrl.config.load import load_config
+
+    pairs = [s.strip() for s in settings.split(",") if s.strip()]
+    bad = [s for s in pairs if "=" not in s]
+    if bad:
+        raise SystemExit(f"--model default:{settings}: {bad[0]!r} is not KEY=VALUE")
+    return load_config(None, [f"model.default.{s}" for s in pairs]).model.default
 
 
 def add_overrides(ap: Any, who: str = "every agentrl.train run") -> None:

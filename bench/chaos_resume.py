@@ -49,7 +49,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.learner.dist import free_port
-from bench._common import ROOT, progress, resolve_model, serve
+from bench._common import MODEL_HELP, ROOT, progress, resolve_model, serve
 
 STEPS, EVERY, GROUP = 6, 2, 4
 RUN_TIMEOUT_S = 420
@@ -253,7 +253,7 @@ def row(name: str, trials: list[Trial]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="default", help=MODEL_HELP)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", default=[], help="run only the rows whose name contains one of these")

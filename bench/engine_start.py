@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from _common import host_line, ROOT, median, progress, resolve_model, table
+from _common import MODEL_HELP, ROOT, host_line, median, progress, resolve_model, table
 
 SIDES = ("vllm-defaults", "agentrl")
 RUN_SIDES = ("spawn", "fork server")
@@ -115,7 +115,7 @@ def whole_runs(rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="default", help=MODEL_HELP)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs-only", action="store_true", help="only the whole runs")
     ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, host_line, median, progress, resolve_model, run_uvloop, table
+from bench._common import MODEL_HELP, ROOT, host_line, median, progress, resolve_model, run_uvloop, table
 from agentrl.utils.files import read_jsonl
 
 ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
@@ -127,7 +127,7 @@ def time_to(records: list[dict], target: float, window: int = 1) -> float | None
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="default", help=MODEL_HELP)
     ap.add_argument("--episodes", type=int, default=256, help="part 1: episodes per round")
     ap.add_argument("--rounds", type=int, default=2, help="part 1: timed rounds per fleet size")
     ap.add_argument("--steps", type=int, default=100, help="part 2: learner steps per run")

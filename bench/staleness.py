@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, add_overrides, host_line, progress, resolve_model, table
+from bench._common import MODEL_HELP, ROOT, add_overrides, host_line, progress, resolve_model, table
 from bench.scale_out import WORKLOAD as SCALE_OUT_WORKLOAD
 from bench.scale_out import SMOOTH, load_run, time_to
 
@@ -194,7 +194,7 @@ def draw(path: str, workloads: dict[str, dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    ap.add_argument("--model", default="default")
+    ap.add_argument("--model", default="default", help=MODEL_HELP)
     ap.add_argument("--workloads", type=lambda s: s.split(","), default=["long16", "default"])
     ap.add_argument("--staleness", type=ints, default=[0, 1, 2, 4, 8, 16])
     ap.add_argument("--seeds", type=ints, default=[0, 1, 2])
