@@ -170,6 +170,23 @@ def test_gae_hand():
     assert_close(out.returns_BT, t([[0.61632, 0.756, 0, 1.0, 0], [0.18, 0.0, 0, 0, 0]]))
 
 
+def test_gae_whitened_hand():
+    # test_gae_hand's advantages on the 5 generated tokens: 0.11632, 0.356, 0.8, -0.82, -1.0
+    #   mean = -0.54768 / 5 = -0.109536
+    #   deviations 0.225856, 0.465536, 0.909536, -0.710464, -0.890464; squares sum 2.392676 (n - 1 = 4)
+    #   std = sqrt(0.598169) = 0.773414...; whitened = deviation / (std + 1e-6)
+    mask = t([[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]])
+    values = t([[0.5, 0.4, 9.0, 0.2, 9.0], [1.0, 1.0, 9.0, 9.0, 9.0]])
+    inp = AdvantageInputs(t([1.0, 0.0]), torch.tensor([0, 0]), mask, values_BT=values, gamma=0.9, lam=0.8,
+                          whiten=True)
+    out = ADVANTAGES["gae"](inp)
+    std = 0.598169 ** 0.5 + 1e-6
+    dev = [[0.225856, 0.465536, 0, 0.909536, 0], [-0.710464, -0.890464, 0, 0, 0]]
+    assert_close(out.advantages_BT, t([[d / std for d in row] for row in dev]))
+    assert_close(out.returns_BT, t([[0.61632, 0.756, 0, 1.0, 0], [0.18, 0.0, 0, 0, 0]]))  # targets unwhitened
+    assert (out.advantages_BT[mask == 0] == 0).all()
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
 def test_gae_is_exactly_zero_where_the_mask_is_zero_whatever_the_values_there(bad):
     # The hand case above with padded / env positions holding NaN or inf values and token rewards:
@@ -194,16 +211,22 @@ def test_scalar_advantages_vs_reference(name, seed):
     assert_close(out.advantages_BT, t([[a * m for m in row] for a, row in zip(ref, mask)], F64))
 
 
-@pytest.mark.parametrize("seed,per_token,gamma,lam", [
-    (0, False, 1.0, 1.0), (1, False, 0.9, 0.95), (2, True, 0.99, 0.9), (3, True, 1.0, 0.5)])
-def test_gae_vs_reference(seed, per_token, gamma, lam):
+@pytest.mark.parametrize("seed,per_token,gamma,lam,whiten", [
+    (0, False, 1.0, 1.0, False), (1, False, 0.9, 0.95, False), (2, True, 0.99, 0.9, False),
+    (3, True, 1.0, 0.5, False), (4, False, 1.0, 0.95, True), (5, True, 0.9, 0.8, True)])
+def test_gae_vs_reference(seed, per_token, gamma, lam, whiten):
     rng, ids, mask, rewards = rand_batch(seed)
     values = [[rng.uniform(-1, 1) for _ in row] for row in mask]
     tok = [[rng.uniform(-1, 1) for _ in row] for row in mask] if per_token else None
     inp = AdvantageInputs(t(rewards, F64), torch.tensor(ids), t(mask, F64), values_BT=t(values, F64),
-                          token_rewards_BT=t(tok, F64) if tok else None, gamma=gamma, lam=lam)
+                          token_rewards_BT=t(tok, F64) if tok else None, gamma=gamma, lam=lam, whiten=whiten)
     out = ADVANTAGES["gae"](inp)
     adv, ret = ref_gae(rewards, mask, values, tok, gamma, lam)
+    if whiten:  # over the generated tokens only, unbiased std, 0 elsewhere
+        flat = [a for a_row, m_row in zip(adv, mask) for a, m in zip(a_row, m_row) if m]
+        mean = sum(flat) / len(flat)
+        std = (sum((a - mean) ** 2 for a in flat) / (len(flat) - 1)) ** 0.5
+        adv = [[(a - mean) / (std + 1e-6) if m else 0.0 for a, m in zip(a_row, m_row)] for a_row, m_row in zip(adv, mask)]
     assert_close(out.advantages_BT, t(adv, F64))
     assert_close(out.returns_BT, t(ret, F64))
 

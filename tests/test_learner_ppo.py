@@ -71,6 +71,19 @@ def test_gae_uses_the_critic_and_the_critic_fits_the_returns(tiny_model):
     torch.testing.assert_close(out.advantages_BT, (batch.rewards[:, None] - values) * batch.loss_mask)
 
 
+def test_whitened_gae_reaches_the_loss_and_leaves_the_critic_targets(tiny_model):
+    lrn = learner(tiny_model, AlgoConfig(advantage={"type": "gae", "lam": 1.0, "whiten": True}), CriticConfig())
+    batch = make_batch()
+    lrn.step(batch)
+    # V starts at 0: raw A = R = [1, 1, 1] and [0, 0]; over those 5 tokens mean 0.6, unbiased std
+    # sqrt((3 * 0.4^2 + 2 * 0.6^2) / 4) = sqrt(0.3), so A = 0.4 / sqrt(0.3) and -0.6 / sqrt(0.3).
+    std = math.sqrt(0.3) + 1e-6
+    expected, returns = torch.zeros_like(batch.loss_mask), torch.zeros_like(batch.loss_mask)
+    expected[0, 5:8], expected[1, 5:7], returns[0, 5:8] = 0.4 / std, -0.6 / std, 1.0
+    torch.testing.assert_close(batch.advantages, expected)
+    torch.testing.assert_close(batch.returns, returns)
+
+
 def test_kl_penalised_rewards_reach_gae_and_the_adaptive_controller_moves(tiny_model):
     """The in-reward penalty is log mu - log ref on the sampled tokens (mu: the behaviour logprobs, not
     pi_prox), through GAE; the adaptive weight moves by that KL; pi_prox comes from the training pass."""

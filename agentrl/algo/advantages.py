@@ -26,6 +26,7 @@ class AdvantageInputs:
     input_ids_BT: torch.Tensor | None = None  # (B, T) long, the rows' tokens (state_grpo: which states are equal)
     gamma: float = 1.0  # discount (gae only)
     lam: float = 1.0  # GAE lambda (gae only)
+    whiten: bool = False  # gae only: advantages to mean 0, std 1 over the batch's generated tokens
     eps: float = 1e-6  # added to standard deviations before dividing
 
 
@@ -146,6 +147,10 @@ def gae(inp: AdvantageInputs) -> AdvantageOutput:
         delta_t = r_t + gamma * V_{t+1} - V_t,   V after the last generated token = 0
         A_t     = delta_t + gamma * lam * A_{t+1}
         R_t     = A_t + V_t                      (critic targets)
+    With `whiten`, A_t -> (A_t - mean(A)) / (std(A) + eps) over every generated token of the batch (unbiased
+    std), after R_t is taken: verl's `masked_whiten` and OpenRLHF's advantage normalisation. Unwhitened, the
+    advantages are on the reward's scale, the scalar estimators' (whitened per group) on a scale of 1, so the
+    same `learner.lr` takes a step several times smaller with gae.
     """
     if inp.values_BT is None:
         raise ValueError("gae needs values_BT (critic values)")
@@ -165,4 +170,16 @@ def gae(inp: AdvantageInputs) -> AdvantageOutput:
         next_adv_B = torch.where(m_B, a_B, next_adv_B)
     # where, not a product with the mask: a padded value may be NaN or inf, and NaN * 0 is NaN.
     returns_BT = torch.where(mask_BT > 0, adv_BT + values_BT, 0.0)
+    if inp.whiten:
+        adv_BT = _masked_whiten(adv_BT, mask_BT, inp.eps)
     return AdvantageOutput(advantages_BT=adv_BT, returns_BT=returns_BT)
+
+
+def _masked_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x - mean) / (std + eps) over the positions where mask is 1 (unbiased std; one position gives 0),
+    exactly 0 elsewhere."""
+    m_BT = mask_BT > 0
+    x_N = x_BT[m_BT].double()
+    std = x_N.std() if x_N.numel() > 1 else x_N.new_zeros(())
+    mean = x_N.mean() if x_N.numel() else x_N.new_zeros(())
+    return torch.where(m_BT, ((x_BT.double() - mean) / (std + eps)).to(x_BT.dtype), 0.0)

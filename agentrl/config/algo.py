@@ -66,6 +66,8 @@ class GaeAdvantage(StrictModel):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="discount")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="GAE lambda")
     value_clip: float = Field(0.2, ge=0.0, description="critic value clipping around the old values; 0 = off")
+    whiten: bool = Field(False, description="advantages to mean 0, std 1 over the batch's generated tokens "
+                                            "(verl, OpenRLHF); the critic's targets are unchanged")
 
 
 class ScalarAdvantage(StrictModel):

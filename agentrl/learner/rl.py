@@ -135,9 +135,9 @@ class Learner(MicroPasses):
                 if algo.advantage.type != "gae":  # scalar estimators see the episode's total shaped reward
                     rewards = token_rewards.sum(-1)
         est = algo.advantage
-        discount = dict(gamma=est.gamma, lam=est.lam) if est.type == "gae" else {}  # only gae has (and reads) them
+        gae = dict(gamma=est.gamma, lam=est.lam, whiten=est.whiten) if est.type == "gae" else {}  # gae's own
         out = self.estimator(AdvantageInputs(rewards, batch.group_ids, mask, values, token_rewards,
-                                             input_ids_BT=batch.input_ids, **discount))
+                                             input_ids_BT=batch.input_ids, **gae))
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         if algo.teacher is not None:  # on-policy distillation: the teacher's per-token advantage (learner/teacher.py)
             metrics.update(distill_into(batch, algo.teacher))
