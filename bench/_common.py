@@ -57,8 +57,9 @@ def serve(module: str, port: int, *args: str, env: dict[str, str] | None = None,
             proc.wait()
 
 
-MODEL_HELP = ("default (the embedded model), default:KEY=VALUE,... (it built with those model.default settings, "
-              "e.g. default:hidden_size=256,num_layers=4), a prepared name or a Hugging Face folder")
+MODEL_HELP = ("default (the embedded model), default:KEY=VALUE,... (the embedded model built with those "
+              "model.default settings, e.g. default:hidden_size=256,num_layers=4), a prepared name or a Hugging "
+              "Face folder")
 
 
 def resolve_model(name: str) -> str:

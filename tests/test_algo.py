@@ -226,7 +226,8 @@ def test_gae_vs_reference(seed, per_token, gamma, lam, whiten):
         flat = [a for a_row, m_row in zip(adv, mask) for a, m in zip(a_row, m_row) if m]
         mean = sum(flat) / len(flat)
         std = (sum((a - mean) ** 2 for a in flat) / (len(flat) - 1)) ** 0.5
-        adv = [[(a - mean) / (std + 1e-6) if m else 0.0 for a, m in zip(a_row, m_row)] for a_row, m_row in zip(adv, mask)]
+        adv = [[(a - mean) / (std + 1e-6) if m else 0.0 for a, m in zip(a_row, m_row)]
+               for a_row, m_row in zip(adv, mask)]
     assert_close(out.advantages_BT, t(adv, F64))
     assert_close(out.returns_BT, t(ret, F64))
 

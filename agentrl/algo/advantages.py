@@ -148,9 +148,10 @@ def gae(inp: AdvantageInputs) -> AdvantageOutput:
         A_t     = delta_t + gamma * lam * A_{t+1}
         R_t     = A_t + V_t                      (critic targets)
     With `whiten`, A_t -> (A_t - mean(A)) / (std(A) + eps) over every generated token of the batch (unbiased
-    std), after R_t is taken: verl's `masked_whiten` and OpenRLHF's advantage normalisation. Unwhitened, the
-    advantages are on the reward's scale, the scalar estimators' (whitened per group) on a scale of 1, so the
-    same `learner.lr` takes a step several times smaller with gae.
+    std), after R_t is taken: verl's `masked_whiten` and OpenRLHF's advantage normalisation. Under Adam the
+    scale hardly matters (a step's size is the learning rate's: Adam divides by the gradients' running scale);
+    what whitening adds is a batch-wide shift, another baseline (docs/benchmarks.md, "Staleness": no gain
+    measured on the 16-turn task).
     """
     if inp.values_BT is None:
         raise ValueError("gae needs values_BT (critic values)")

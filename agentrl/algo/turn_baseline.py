@@ -32,7 +32,8 @@ stayed at 0.37-0.40 over 120 steps while turn 1 went 0.36 -> 0.85 (docs/benchmar
 one state only the turn's own choice and what followed it differ. Turn 1 is GRPO again (one state per task).
 Also reads input_ids_BT. Measured there (seed 0, 120 steps): turn 3 still ended at 0.37 and the held-out
 score at 0.767 against turn_grpo's 0.786. The workload's estimator is PPO's GAE now: a critic gained +0.0496
-over seeds 0-2 where turn_grpo gained +0.035 (docs/benchmarks.md, "Staleness").
+over seeds 0-2 where turn_grpo gained +0.035, +0.062 with two optimizer steps a batch (docs/benchmarks.md,
+"Staleness").
 """
 
 from __future__ import annotations

@@ -135,9 +135,9 @@ class Learner(MicroPasses):
                 if algo.advantage.type != "gae":  # scalar estimators see the episode's total shaped reward
                     rewards = token_rewards.sum(-1)
         est = algo.advantage
-        gae = dict(gamma=est.gamma, lam=est.lam, whiten=est.whiten) if est.type == "gae" else {}  # gae's own
+        gae_kw = dict(gamma=est.gamma, lam=est.lam, whiten=est.whiten) if est.type == "gae" else {}  # gae's own
         out = self.estimator(AdvantageInputs(rewards, batch.group_ids, mask, values, token_rewards,
-                                             input_ids_BT=batch.input_ids, **gae))
+                                             input_ids_BT=batch.input_ids, **gae_kw))
         batch.advantages, batch.returns = out.advantages_BT.float(), out.returns_BT
         if algo.teacher is not None:  # on-policy distillation: the teacher's per-token advantage (learner/teacher.py)
             metrics.update(distill_into(batch, algo.teacher))
