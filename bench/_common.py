@@ -67,11 +67,12 @@ def resolve_model(name: str) -> str:
     model built with those `model.default` settings (`default:hidden_size=256,num_layers=4`: built on first
     use, then cached under its own key); a prepared name (smollm2-135m-instruct) -> its folder; anything
     else is taken as a Hugging Face folder."""
+    from agentrl.config import DefaultModelConfig
     from agentrl.models.named import resolve_path
 
     if name == "default" or name.startswith("default:"):
         return resolve_path(None, default_model_config(name.partition(":")[2]))
-    return resolve_path(name, default_model_config(""))
+    return resolve_path(name, DefaultModelConfig())
 
 
 def default_model_config(settings: str) -> Any:

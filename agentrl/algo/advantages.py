@@ -177,10 +177,8 @@ def gae(inp: AdvantageInputs) -> AdvantageOutput:
 
 
 def _masked_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x - mean) / (std + eps) over the positions where mask is 1 (unbiased std; one position gives 0),
-    exactly 0 elsewhere."""
+    """`_whiten` over the positions where mask is 1, exactly 0 elsewhere."""
     m_BT = mask_BT > 0
-    x_N = x_BT[m_BT].double()
-    std = x_N.std() if x_N.numel() > 1 else x_N.new_zeros(())
-    mean = x_N.mean() if x_N.numel() else x_N.new_zeros(())
-    return torch.where(m_BT, ((x_BT.double() - mean) / (std + eps)).to(x_BT.dtype), 0.0)
+    out_BT = torch.zeros_like(x_BT)
+    out_BT[m_BT] = _whiten(x_BT[m_BT], eps).to(x_BT.dtype)
+    return out_BT
