@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.run.checkpoint import (DRIVER_FILE, CheckpointError, CheckpointStore, RunState, load_run_state,
+from agentrl.run.checkpoint import (CheckpointError, CheckpointStore, RunState, load_run_state,
                                 resolve_resume, save_run_state)
 from agentrl.data import TaskStream, task_stream
 from agentrl.types import Episode, Group

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from agentrl.telemetry import metrics
 from agentrl.utils import stdio
 from agentrl.telemetry.metrics import LineProgress, MetricsSink, TqdmHandler
 

@@ -146,7 +146,8 @@ class BufferConfig(StrictModel):
 
     batch_size: int = Field(64, ge=1, le=1_000_000, description="episodes per learner batch (multiple of n_samples)")
     max_staleness: int = Field(1, ge=0, le=1000,
-                               description="max learner version minus oldest token version; 0 = on-policy")
+                               description="max learner version minus oldest token version; 0 = on-policy. A version is "
+                               "one optimizer step (learner.mini_batches of them a batch)")
     max_ahead_batches: int | None = Field(
         2, ge=1, le=1000, description="batches generation may run ahead of the learner (groups admitted and not "
         "yet trained <= this many batches); None = as far as max_staleness allows. When generation outruns the "
