@@ -16,6 +16,9 @@ os.environ.update(dict.fromkeys(("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_D
 from agentrl.config import DefaultModelConfig  # noqa: E402 (after the offline switches, read at import)
 from agentrl.models.default import build_tokenizer  # noqa: E402
 
+# SIGTERM stops a test run the way Ctrl-C does, stopping what its tests started (tests/unwind_on_sigterm.py).
+pytest_plugins = ("unwind_on_sigterm",)
+
 
 # scripts/test.sh runs the suite on two pytest-xdist workers. The scheduler below hands out whole groups:
 # each module's tests run on one worker, so its module fixtures are built once and the doc test's commands
