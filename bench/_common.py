@@ -138,6 +138,12 @@ def host_line() -> str:
     return f"host: {model}, {usable} usable cores of {os.cpu_count()}, {' '.join(wide) or 'no AVX2/AVX-512/AMX'}"
 
 
+def print_host(argv: Sequence[str] | None = None) -> None:
+    """Print `host_line` first, unless the command only asks for its --help."""
+    if not {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        print(host_line(), flush=True)
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, add_overrides, host_line, progress, run_logged, table
+from bench._common import ROOT, add_overrides, print_host, progress, run_logged, table
 from bench.scale_out import SMOOTH, load_run
 
 CONFIGS = {"distill": "examples/agents/distill.yaml", "rl": "examples/agents/guess_number.yaml"}
@@ -130,5 +130,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

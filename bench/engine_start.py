@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from _common import MODEL_HELP, ROOT, host_line, median, progress, resolve_model, table
+from _common import MODEL_HELP, ROOT, median, print_host, progress, resolve_model, table
 
 SIDES = ("vllm-defaults", "agentrl")
 RUN_SIDES = ("spawn", "fork server")
@@ -145,5 +145,5 @@ def engines_alone(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import ROOT, add_overrides, host_line, progress, run_logged, serve
+from _common import ROOT, add_overrides, print_host, progress, run_logged, serve
 
 TOOL_PORT = 8765
 SANDBOX_PORT = 8766
@@ -139,5 +139,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import host_line, median, progress, run_logged, table
+from _common import median, print_host, progress, run_logged, table
 
 SIDES = (128, 32)
 
@@ -60,5 +60,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

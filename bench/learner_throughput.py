@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import host_line, median, progress, resolve_model, table
+from bench._common import median, print_host, progress, resolve_model, table
 
 # Qwen3-0.6B's config.json (head_dim 128 > hidden / heads, q/k norms, tied embeddings)
 QWEN_06B = {"hidden_size": 1024, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
@@ -374,5 +374,5 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main(parse_args())

@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import host_line, median, progress, run_uvloop, table
+from bench._common import median, print_host, progress, run_uvloop, table
 
 MARK = re.compile(r"\[s(\d+) t(\d+)\]")  # what a user message ends with
 OWNER = re.compile(r"\bs(\d+) t\d+")  # a marker or a reply: the session it belongs to
@@ -361,5 +361,5 @@ if __name__ == "__main__":
     if cli.client:
         client_main()
     else:
-        print(host_line(), flush=True)
+        print_host()
         report(run_uvloop(serve_and_measure(cli)), cli)

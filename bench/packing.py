@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import host_line, progress, resolve_model, table
+from bench._common import print_host, progress, resolve_model, table
 
 
 def agent_batch(vocab: int, pad_id: int, batch: int, seed: int, low: int = 64, high: int = 1280):
@@ -148,5 +148,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

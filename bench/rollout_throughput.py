@@ -44,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import host_line, median, progress, resolve_model, run_uvloop, table
+from bench._common import median, print_host, progress, resolve_model, run_uvloop, table
 from bench._event_loop import event_loop_cost, print_breakdown
 from bench._story import StoryEnv, story_tasks
 
@@ -284,6 +284,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     run_uvloop(main(parse_args()))

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from _common import host_line, ROOT, progress, run_uvloop, table
+from _common import ROOT, print_host, progress, run_uvloop, table
 from rewards.servers.sandbox_proc import ChildProcess
 
 SNIPPETS = {"print(1)": ("print(1)", "1\n"), "sleep 100 ms": ("import time; time.sleep(0.1)", "")}
@@ -142,5 +142,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

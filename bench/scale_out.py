@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import MODEL_HELP, ROOT, host_line, median, progress, resolve_model, run_uvloop, table
+from bench._common import MODEL_HELP, ROOT, median, print_host, progress, resolve_model, run_uvloop, table
 from agentrl.utils.files import read_jsonl
 
 ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
@@ -206,5 +206,5 @@ def report_pair(runs: dict[int, dict], steps: int, eval_every: int, deltas: list
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

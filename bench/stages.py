@@ -40,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, host_line, progress, table
+from bench._common import ROOT, print_host, progress, table
 
 OLD_WARM = Path("/root/.cache/agentrl/default-model-78c592adc323")
 EVAL_CONFIG = "examples/agents/guess_number.yaml"
@@ -313,5 +313,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

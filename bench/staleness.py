@@ -47,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import MODEL_HELP, ROOT, add_overrides, host_line, progress, resolve_model, table
+from bench._common import MODEL_HELP, ROOT, add_overrides, print_host, progress, resolve_model, table
 from bench.scale_out import WORKLOAD as SCALE_OUT_WORKLOAD
 from bench.scale_out import SMOOTH, load_run, time_to
 
@@ -233,5 +233,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()

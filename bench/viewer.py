@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import host_line, ROOT, median, progress, table
+from _common import ROOT, median, print_host, progress, table
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -85,5 +85,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    print(host_line(), flush=True)
+    print_host()
     main()
