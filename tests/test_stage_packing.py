@@ -207,7 +207,7 @@ def test_packed_reward_scores_are_the_scorers(tiny_model):
 
 
 @pytest.mark.parametrize("stage", ["rm", "prm", "dpo", "kto"])
-def test_stage_cli_packs_every_stage(stage, tiny_model, datasets, tmp_path, layouts):
+def test_stage_cli_packs_every_stage(stage, tiny_model, datasets, tmp_path, layouts):  # noqa: F811 (the fixture)
     """`data.packing=true` reaches the stage's kind from the command line and the stage runs packed."""
     from agentrl.stage_cli import run
 
