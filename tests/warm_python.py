@@ -461,6 +461,9 @@ def run(cmd: list[str], *, cwd=None, env=None, capture_output: bool = False, tex
         proc.kill()
         proc.communicate()
         raise
+    except BaseException:  # as subprocess.run: an interrupted test (tests/unwind_on_sigterm.py) ends its command
+        proc.kill()
+        raise
     if check and proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
