@@ -18,8 +18,8 @@ CONFIG = Path(__file__).resolve().parents[1] / "examples/agents/guess_number.yam
 def test_every_workload_and_method_loads(workload, method):
     cfg = load_config(str(CONFIG), [*WORKLOADS[workload], *METHODS[method]])
     if workload == "long16":
-        # the 16-turn task with PPO's critic, two optimizer steps a batch (docs/benchmarks.md, "Staleness"); its
+        # the 16-turn task with PPO's critic, one optimizer step a batch (docs/benchmarks.md, "Staleness"); its
         # off-policy settings are the method's
         assert cfg.env.kwargs["max_turns"] == 16 and cfg.rollout.max_turns == 16
         assert cfg.algo.advantage.type == "gae"
-        assert cfg.learner.freeze_actor_steps == 5 and cfg.learner.mini_batches == 2
+        assert cfg.learner.freeze_actor_steps == 5 and cfg.learner.mini_batches == 1
