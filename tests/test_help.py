@@ -118,7 +118,8 @@ def test_train_help_hand_picked_lines():
         return found[0]
 
     one(r"\[buffer\] Batch assembly and the staleness bound\.")
-    one(r"  buffer\.max_staleness = 1 +max learner version minus oldest token version; 0 = on-policy")
+    one(r"  buffer\.max_staleness = 1 +max learner version minus oldest token version; 0 = on-policy\. A")
+    one(r" +version is one optimizer step \(learner\.mini_batches of them a batch\)")
     one(r"  algo\.mode = decoupled +\{decoupled\|bypass\} decoupled: learner recomputes pi_prox; bypass:")
     one(r"  model\.path = unset +Hugging Face model folder, .*")
     one(r'  train\.loggers = \["jsonl"\] +\{jsonl\|tensorboard\|wandb\} metric sinks; .*')
