@@ -17,13 +17,13 @@ def test_host_line_names_the_cpu_model_usable_cores_and_wide_vector_units():
     assert ("AVX-512" in line) == ("avx512f" in flags) and ("AMX" in line) == ("amx_tile" in flags)
 
 
-
 def test_print_host_prints_the_host_line_first_but_not_for_a_help_request(capsys):
     print_host(["--out", "x"])
     assert capsys.readouterr().out == host_line() + "\n"
     for argv in (["--help"], ["--out", "x", "-h"]):
         print_host(argv)
         assert capsys.readouterr().out == ""
+
 
 def test_resolve_model_builds_the_default_model_with_the_settings_named(monkeypatch):
     """`--model default:KEY=VALUE,...` reaches ensure_default_model as validated `model.default` settings."""

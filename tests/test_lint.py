@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from check_layout import PROJECT
+
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON_DIRS = ("agentrl", "envs", "rewards", "bench", "tests", "examples", "scripts")
+PYTHON_DIRS = (*PROJECT, "scripts")  # the layout check's project folders, and the install scripts
 
 
 def test_pyflakes_finds_nothing_in_the_project() -> None:

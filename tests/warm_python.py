@@ -457,12 +457,10 @@ def run(cmd: list[str], *, cwd=None, env=None, capture_output: bool = False, tex
     proc = Popen(cmd, cwd=cwd, env=env, stdout=pipe, stderr=pipe, text=text)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise
-    except BaseException:  # as subprocess.run: an interrupted test (tests/unwind_on_sigterm.py) ends its command
-        proc.kill()
+    except BaseException as exc:  # as subprocess.run: a timeout or an interrupted test (tests/unwind_on_sigterm.py)
+        proc.kill()              # ends its command; after a timeout, what it wrote is collected before raising
+        if isinstance(exc, subprocess.TimeoutExpired):
+            proc.communicate()
         raise
     if check and proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
