@@ -101,3 +101,44 @@ def test_reference_kl_is_zero_at_start_and_grows_after_updates(tiny_model):
     # with zero advantages the loss is exactly kl.coef * mean_t k3(logp - ref_logp)
     assert second.policy["kl_ref"] > 1e-4
     assert second.loss == pytest.approx(0.5 * second.policy["kl_ref"], rel=1e-4)
+
+
+def _two_step_learner(tiny_model, target_kl: float):
+    from agentrl.learner.rl import Learner
+
+    cfg = LearnerConfig(lr=1e-2, mini_batches=2, micro_batch_size=1, target_kl=target_kl)
+    return Learner(LearnerSpec(tiny_model, cfg, AlgoConfig(trust_region="none"), 2))
+
+
+def test_target_kl_stops_a_batchs_later_steps_once_the_first_moved_the_policy_past_it(tiny_model):
+    """Two rows, two optimizer steps (row 0, then row 1). Before the second, the learner measures
+    KL(pi_prox || pi_theta) on row 1 (k3: r - 1 - log r per token, r = pi_theta/pi_prox, a mean): checked
+    here by a loop over the tokens, from the weights left after the batch (the stopped step leaves them)."""
+    stopped, taken = _two_step_learner(tiny_model, 1e-9), _two_step_learner(tiny_model, 10.0)
+    batch = make_batch(stopped, 0.0)  # mu = pi_prox: the first step's ratio is 1
+    prox = batch.behav_logprobs.clone()
+    first, second = stopped.step(batch)
+    assert stopped.version == 2  # a stopped step still counts as a version (the buffer's staleness is in steps)
+    assert second.policy["kl_stopped"] == 1.0 and second.loss == 0.0 and "kl_stopped" not in first.policy
+    now = stopped.logprobs(batch)
+    log_r = [float(now[1, t] - prox[1, t]) for t in range(batch.loss_mask.shape[1]) if batch.loss_mask[1, t] > 0]
+    terms = [math.exp(x) - 1 - x for x in log_r]
+    # the same weights through the same code, in a different grouping of rows: float32 rounding of
+    # log pi (1e-6) moves each term by about |log r| * 1e-6
+    assert second.policy["step_kl"] == pytest.approx(sum(terms) / len(terms), rel=1e-4, abs=1e-7)
+    assert second.policy["step_kl"] > 1e-6  # lr 1e-2: the first step moved row 1's tokens too
+
+    first_t, second_t = taken.step(make_batch(taken, 0.0))
+    assert second_t.policy["kl_stopped"] == 0.0 and second_t.loss != 0.0 and taken.version == 2
+    # the same first step from the same weights: the same KL measured before the second
+    assert second_t.policy["step_kl"] == pytest.approx(second.policy["step_kl"], rel=1e-4, abs=1e-7)
+    # the second step was taken: row 1's log pi moved past where the stopped learner left it
+    assert (taken.logprobs(batch) - now)[1].abs().max() > 1e-4
+
+
+def test_target_kl_needs_more_than_one_step_a_batch():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"learner.target_kl=0.01 needs learner.mini_batches > 1"):
+        LearnerConfig(target_kl=0.01)
+    assert LearnerConfig(target_kl=0.01, mini_batches=4).target_kl == 0.01

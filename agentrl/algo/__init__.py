@@ -21,6 +21,7 @@ from .losses import (
     aggregate,
     kl_estimate,
     register_policy_loss,
+    step_kl,
     value_loss,
 )
 from .distill import combine_advantages, distill_advantages, distill_metrics
@@ -88,5 +89,6 @@ __all__ = [
     "register_advantage",
     "register_policy_loss",
     "staleness_buckets",
+    "step_kl",
     "value_loss",
 ]

@@ -117,6 +117,13 @@ def kl_estimate(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, kind: str = "k
     return _KL[kind](logp_BT - ref_logp_BT)
 
 
+def step_kl(old_logp_BT: torch.Tensor, logp_BT: torch.Tensor, mask_BT: torch.Tensor) -> float:
+    """How far optimizer steps moved the policy: the mean per-token KL(pi_old || pi_theta), k3 on tokens
+    sampled (nearly) from pi_old, i.e. (r - 1) - log r with r = pi_theta / pi_old (Stable-Baselines3's
+    approx_kl, what PPO's target_kl compares). 0 with no scored token."""
+    return float(masked_mean(kl_estimate(old_logp_BT, logp_BT, "k3"), mask_BT))
+
+
 def _log_ratio(inp: PolicyLossInputs) -> torch.Tensor:
     """log r = logp - old_logp, 0 off the mask so padding can never overflow exp()."""
     return torch.where(inp.mask_BT > 0, inp.logp_BT - inp.old_logp_BT.detach(), 0.0)

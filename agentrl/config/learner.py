@@ -63,6 +63,12 @@ class LearnerConfig(OptimConfig):
         "The reference, teacher and critic passes run packed too; a group's prompt is no longer run once "
         "(agentrl.learner.shared_prefix)")
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per batch (each bumps the version)")
+    target_kl: float | None = Field(
+        None, gt=0, le=10.0, description="stops a batch's optimizer steps early (PPO's target_kl: Spinning Up, "
+        "Stable-Baselines3): before each step after a batch's first, a no-grad pass measures KL(pi_prox || "
+        "pi_theta) over that mini-batch's tokens (k3, a mean); above this the actor skips the batch's remaining "
+        "steps (the critic still takes them, each still counts as a version). None = off; needs "
+        "learner.mini_batches > 1")
     num_threads: int = Field(1, ge=1, le=256, description="torch threads for the learner")
     reference_offload: bool = Field(False, description="keep the frozen reference's parameters on CPU (ZeRO-3)")
     ema_decay: float = Field(0.0, ge=0.0, lt=1.0, description="actor EMA decay; > 0 keeps an EMA, which is "
@@ -87,6 +93,13 @@ class LearnerConfig(OptimConfig):
     def _unsup_needs_data(self) -> "LearnerConfig":
         if self.unsup_coef > 0 and not self.unsup_data:
             raise ValueError("learner.unsup_coef > 0 needs learner.unsup_data (a .txt or .jsonl file)")
+        return self
+
+    @model_validator(mode="after")
+    def _target_kl_needs_steps(self) -> "LearnerConfig":
+        if self.target_kl is not None and self.mini_batches == 1:
+            raise ValueError(f"learner.target_kl={self.target_kl} needs learner.mini_batches > 1: it stops a batch's "
+                             f"later optimizer steps, and with one step a batch there is none")
         return self
 
     @model_validator(mode="after")

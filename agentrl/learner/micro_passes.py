@@ -68,9 +68,10 @@ class MicroPasses:
         return getattr(out, "logits", out).sum() * 0.0
 
     @torch.no_grad()
-    def _over_micro_batches(self, batch: TrainBatch, fn, engine) -> torch.Tensor:
-        """(B, T) values of `fn` for the whole batch: this rank's rows in micro-batches, the rest gathered."""
-        plan = self._plan(batch, range(batch.size), train=False)
+    def _over_micro_batches(self, batch: TrainBatch, fn, engine, rows: range | None = None) -> torch.Tensor:
+        """(B, T) values of `fn` for the whole batch (or its `rows`, 0 elsewhere): this rank's rows in
+        micro-batches, the rest gathered."""
+        plan = self._plan(batch, rows or range(batch.size), train=False)
         outs = []
         for micro in plan[self.rank]:
             if micro.empty:
@@ -80,10 +81,10 @@ class MicroPasses:
         own = torch.cat(outs) if outs else torch.zeros(0, batch.input_ids.shape[1], device=self.device)
         return gather_planned(own, owned_rows(plan), batch.size, self.rank).cpu() * batch.loss_mask
 
-    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """(B, T) log pi_theta for the current weights, computed in micro-batches."""
+    def logprobs(self, batch: TrainBatch, rows: range | None = None) -> torch.Tensor:
+        """(B, T) log pi_theta for the current weights, computed in micro-batches (on `rows` only, if given)."""
         self.engine.eval()
-        return self._over_micro_batches(batch, self._forward_logprobs, self.engine)
+        return self._over_micro_batches(batch, self._forward_logprobs, self.engine, rows)
 
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         return self._over_micro_batches(batch, lambda b, rows: self._forward_logprobs(b, rows, self.reference),

@@ -31,7 +31,7 @@ from agentrl.learner.spec import LearnerSpec
 from agentrl.learner.teacher import build_teacher, distill_into
 from agentrl.learner.models import (ModelEMA, disable_dropout, load_causal_lm, load_value_model,
                                     trained_engine)
-from agentrl.learner.step_parts import accumulate, kl_controller, local_grad_norm, weighted, zero_loss
+from agentrl.learner.step_parts import accumulate, below_target_kl, kl_controller, local_grad_norm, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
 
@@ -235,8 +235,7 @@ class Learner(MicroPasses):
         one backs up a zero loss: ZeRO's collectives need every rank's pass). Metrics weigh by scored tokens."""
         total = self._loss_units(engine, batch.loss_mask[rows.start:rows.stop])
         loss_sum, metric_rows, grad_norm = 0.0, [], float("nan")
-        slices = self._plan(batch, rows, train=True)
-        slices = slices[self.rank]
+        slices = self._plan(batch, rows, train=True)[self.rank]
         self.n_micro = len(slices)
 
         def micro_loss(k: int) -> torch.Tensor:
@@ -274,7 +273,7 @@ class Learner(MicroPasses):
     def step(self, batch: TrainBatch) -> list[StepMetrics]:
         """Train on one batch: recompute pi_prox (decoupled), reference logprobs and values as needed,
         compute advantages unless the batch has them, then `mini_batches` optimizer steps of the actor
-        (skipped during `freeze_actor_steps`) and of the critic. One StepMetrics per optimizer step."""
+        (skipped during `freeze_actor_steps`, and once past `target_kl`) and of the critic. One StepMetrics a step."""
         actor_trains = self.batches_seen >= self.cfg.freeze_actor_steps
         reuse = self.reuses_prox and actor_trains
         old_logp = (torch.zeros_like(batch.behav_logprobs) if reuse else
@@ -291,13 +290,14 @@ class Learner(MicroPasses):
         # the viewer's per-token values (`token_values`): log pi at the pass that trained each token, and the
         # trust region's decision there; only when the run writes them down (`TrainBatch.record_values`)
         learner_logp, kept = torch.zeros_like(batch.behav_logprobs), torch.ones_like(batch.behav_logprobs)
-        per_mini = math.ceil(batch.size / self.cfg.mini_batches)
+        per_mini, training, gate = math.ceil(batch.size / self.cfg.mini_batches), actor_trains, {}
         for start in range(0, batch.size, per_mini):
-            t0 = time.perf_counter()
-            rows = range(start, min(start + per_mini, batch.size))
+            t0, rows = time.perf_counter(), range(start, min(start + per_mini, batch.size))
             loss, grad_norm, metric_rows, whole, vf_loss = 0.0, float("nan"), [], {}, None
             lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
-            if actor_trains:
+            if training and start and self.cfg.target_kl is not None:
+                training = below_target_kl(self.logprobs, batch, rows, old_logp, self.cfg.target_kl, gate, learner_logp)
+            if training:
                 self.engine.train()
                 taken = torch.zeros(2, *batch.behav_logprobs.shape)
                 loss, grad_norm, metric_rows = self._train_engine(
@@ -308,7 +308,8 @@ class Learner(MicroPasses):
                 learner_logp[start:rows.stop] = taken[0, start:rows.stop]  # every rank's rows: gathered above
                 if self.ema is not None:
                     self.ema.update(self.engine.module)
-            extra = {**shaped, **whole, "actor_frozen": float(not actor_trains), "lr": lr, "prox_reused": float(reuse)}
+            extra = {**shaped, **whole, **gate, "actor_frozen": float(not actor_trains), "lr": lr,
+                     "prox_reused": float(reuse)}
             if self.critic is not None:
                 self.critic.train()
                 vf_loss, vf_norm, vf_rows = self._train_engine(
@@ -322,8 +323,7 @@ class Learner(MicroPasses):
                                             self.version - 1 - batch.versions, self.algo.correction)
             extra["padding_ratio"] = padding_ratio(self._plan(batch, rows, train=True), row_lengths(batch.attention_mask))
             results.append(StepMetrics(
-                loss=loss, grad_norm=grad_norm,
-                step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
+                loss=loss, grad_norm=grad_norm, step_time_s=time.perf_counter() - t0, n_episodes=len(rows),
                 n_tokens=int(batch.loss_mask[start:rows.stop].sum()),
                 policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows),
                 critic_loss=vf_loss))

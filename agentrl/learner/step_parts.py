@@ -10,8 +10,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from agentrl.algo import KLController, make_kl_controller
+from agentrl.algo import KLController, make_kl_controller, step_kl
 from agentrl.config import AlgoConfig
+from agentrl.types import TrainBatch
 
 
 def accumulate(engine, n_micro: int, micro_loss: Callable[[int], torch.Tensor],
@@ -87,3 +88,16 @@ def kl_controller(algo: AlgoConfig) -> KLController:
     if ctl.type == "adaptive":
         return make_kl_controller("adaptive", algo.kl.coef, ctl.target, ctl.horizon)
     return make_kl_controller(ctl.type, algo.kl.coef)
+
+
+def below_target_kl(logprobs: Callable[[TrainBatch, range], torch.Tensor], batch: TrainBatch, rows: range,
+                    old_logp: torch.Tensor, target_kl: float, gate: dict, learner_logp: torch.Tensor) -> bool:
+    """learner.target_kl: whether the actor takes its step on `rows`, from how far the batch's earlier steps
+    moved it there (`step_kl` from pi_prox, by a no-grad pass `logprobs`; into `gate` with "kl_stopped").
+    Stopped, the rows the actor skips get the current log pi as the viewer's `learner_logprobs`."""
+    sl = slice(rows.start, rows.stop)
+    gate["step_kl"] = step_kl(old_logp[sl], logprobs(batch, rows)[sl], batch.loss_mask[sl])
+    gate["kl_stopped"] = float(gate["step_kl"] > target_kl)
+    if gate["kl_stopped"] and batch.record_values:
+        learner_logp[rows.start:] = logprobs(batch, range(rows.start, batch.size))[rows.start:]
+    return not gate["kl_stopped"]
