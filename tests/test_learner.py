@@ -13,15 +13,17 @@ from agentrl.learner.spec import LearnerSpec
 from agentrl.types import Episode, TrainBatch
 
 
-def make_batch(learner, log_w: float, adv: float = 1.0) -> TrainBatch:
-    """Two episodes whose behaviour logprobs are pi_prox - log_w, so the weight pi_prox/mu = e^log_w."""
+def make_batch(learner, log_w: float, adv: float = 1.0, rows: int = 2) -> TrainBatch:
+    """Two (or `rows`, up to 4) episodes whose behaviour logprobs are pi_prox - log_w, so the weight
+    pi_prox/mu = e^log_w."""
     eps = []
-    for toks in ([1, 275, 201, 301, 299, 310, 2], [1, 275, 201, 301, 299, 305, 2]):
+    for last in (310, 305, 307, 303)[:rows]:
+        toks = [1, 275, 201, 301, 299, last, 2]
         ep = Episode(task_id="t", group_id=0)
         ep.append(toks[:5], generated=False)
         ep.append(toks[5:], generated=True, logprobs=[0.0, 0.0], versions=[0, 0])
         eps.append(ep)
-    batch = TrainBatch.from_episodes(eps, torch.full((2,), adv), 0)
+    batch = TrainBatch.from_episodes(eps, torch.full((rows,), adv), 0)
     batch.behav_logprobs = (learner.logprobs(batch) - log_w) * batch.loss_mask
     return batch
 
@@ -103,11 +105,11 @@ def test_reference_kl_is_zero_at_start_and_grows_after_updates(tiny_model):
     assert second.loss == pytest.approx(0.5 * second.policy["kl_ref"], rel=1e-4)
 
 
-def _two_step_learner(tiny_model, target_kl: float):
+def _two_step_learner(tiny_model, target_kl: float, steps: int = 2):
     from agentrl.learner.rl import Learner
 
-    cfg = LearnerConfig(lr=1e-2, mini_batches=2, micro_batch_size=1, target_kl=target_kl)
-    return Learner(LearnerSpec(tiny_model, cfg, AlgoConfig(trust_region="none"), 2))
+    cfg = LearnerConfig(lr=1e-2, mini_batches=steps, micro_batch_size=1, target_kl=target_kl)
+    return Learner(LearnerSpec(tiny_model, cfg, AlgoConfig(trust_region="none"), steps))
 
 
 def test_target_kl_stops_a_batchs_later_steps_once_the_first_moved_the_policy_past_it(tiny_model):
@@ -127,6 +129,8 @@ def test_target_kl_stops_a_batchs_later_steps_once_the_first_moved_the_policy_pa
     # log pi (1e-6) moves each term by about |log r| * 1e-6
     assert second.policy["step_kl"] == pytest.approx(sum(terms) / len(terms), rel=1e-4, abs=1e-7)
     assert second.policy["step_kl"] > 1e-6  # lr 1e-2: the first step moved row 1's tokens too
+    # the viewer's log pi for row 1, which nothing trained: the weights' now, from the measuring pass
+    torch.testing.assert_close(first.token_values["learner_logprobs"][1], now[1], rtol=0, atol=1e-5)
 
     first_t, second_t = taken.step(make_batch(taken, 0.0))
     assert second_t.policy["kl_stopped"] == 0.0 and second_t.loss != 0.0 and taken.version == 2
@@ -142,3 +146,15 @@ def test_target_kl_needs_more_than_one_step_a_batch():
     with pytest.raises(ValidationError, match=r"learner.target_kl=0.01 needs learner.mini_batches > 1"):
         LearnerConfig(target_kl=0.01)
     assert LearnerConfig(target_kl=0.01, mini_batches=4).target_kl == 0.01
+
+
+def test_target_kl_skips_every_later_step_of_the_batch_once_it_stops(tiny_model):
+    """Three rows, three steps: stopped before the second, the third is skipped too (no second measure), and
+    the viewer's log pi of both skipped rows is the weights' after the first step."""
+    learner = _two_step_learner(tiny_model, 1e-9, steps=3)
+    batch = make_batch(learner, 0.0, rows=3)
+    first, second, third = learner.step(batch)
+    assert (second.policy["kl_stopped"], third.policy["kl_stopped"]) == (1.0, 1.0) and learner.version == 3
+    assert third.policy["step_kl"] == second.policy["step_kl"] and second.loss == third.loss == 0.0
+    torch.testing.assert_close(first.token_values["learner_logprobs"][1:], learner.logprobs(batch)[1:],
+                               rtol=0, atol=1e-5)

@@ -95,9 +95,11 @@ def below_target_kl(logprobs: Callable[[TrainBatch, range], torch.Tensor], batch
     """learner.target_kl: whether the actor takes its step on `rows`, from how far the batch's earlier steps
     moved it there (`step_kl` from pi_prox, by a no-grad pass `logprobs`; into `gate` with "kl_stopped").
     Stopped, the rows the actor skips get the current log pi as the viewer's `learner_logprobs`."""
-    sl = slice(rows.start, rows.stop)
-    gate["step_kl"] = step_kl(old_logp[sl], logprobs(batch, rows)[sl], batch.loss_mask[sl])
+    sl, logp = slice(rows.start, rows.stop), logprobs(batch, rows)
+    gate["step_kl"] = step_kl(old_logp[sl], logp[sl], batch.loss_mask[sl])
     gate["kl_stopped"] = float(gate["step_kl"] > target_kl)
     if gate["kl_stopped"] and batch.record_values:
-        learner_logp[rows.start:] = logprobs(batch, range(rows.start, batch.size))[rows.start:]
+        learner_logp[sl] = logp[sl]
+        if rows.stop < batch.size:  # later mini-batches: skipped too
+            learner_logp[rows.stop:] = logprobs(batch, range(rows.stop, batch.size))[rows.stop:]
     return not gate["kl_stopped"]
