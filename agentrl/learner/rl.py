@@ -290,10 +290,11 @@ class Learner(MicroPasses):
         # the viewer's per-token values (`token_values`): log pi at the pass that trained each token, and the
         # trust region's decision there; only when the run writes them down (`TrainBatch.record_values`)
         learner_logp, kept = torch.zeros_like(batch.behav_logprobs), torch.ones_like(batch.behav_logprobs)
-        per_mini, training, gate = math.ceil(batch.size / self.cfg.mini_batches), actor_trains, {}
+        # a step target_kl skips repeats the last trained step's `whole` (a run records a batch's last step)
+        per_mini, training, gate, whole = math.ceil(batch.size / self.cfg.mini_batches), actor_trains, {}, {}
         for start in range(0, batch.size, per_mini):
             t0, rows = time.perf_counter(), range(start, min(start + per_mini, batch.size))
-            loss, grad_norm, metric_rows, whole, vf_loss = 0.0, float("nan"), [], {}, None
+            loss, grad_norm, metric_rows, vf_loss = 0.0, float("nan"), [], None
             lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
             if training and start and self.cfg.target_kl is not None:
                 training = below_target_kl(self.logprobs, batch, rows, old_logp, self.cfg.target_kl, gate, learner_logp)
@@ -315,8 +316,7 @@ class Learner(MicroPasses):
                 vf_loss, vf_norm, vf_rows = self._train_engine(
                     self.critic, self.critic_cfg.zero_stage, batch, rows,
                     lambda sl, w: self._critic_micro_step(batch, sl, old_values, w))
-                extra.update({f"critic/{k}": v for k, v in weighted(vf_rows).items()})
-                extra["critic/grad_norm"] = vf_norm
+                extra.update({**{f"critic/{k}": v for k, v in weighted(vf_rows).items()}, "critic/grad_norm": vf_norm})
             self.version += 1
             if start == 0:  # pi_prox before any update (reused: from the first step's pass, gathered)
                 buckets = staleness_buckets(old_logp, batch.behav_logprobs, batch.loss_mask,
