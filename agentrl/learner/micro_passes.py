@@ -71,7 +71,7 @@ class MicroPasses:
     def _over_micro_batches(self, batch: TrainBatch, fn, engine, rows: range | None = None) -> torch.Tensor:
         """(B, T) values of `fn` for the whole batch (or its `rows`, 0 elsewhere): this rank's rows in
         micro-batches, the rest gathered."""
-        plan = self._plan(batch, rows or range(batch.size), train=False)
+        plan = self._plan(batch, range(batch.size) if rows is None else rows, train=False)
         outs = []
         for micro in plan[self.rank]:
             if micro.empty:
