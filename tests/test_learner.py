@@ -160,3 +160,73 @@ def test_target_kl_skips_every_later_step_of_the_batch_once_it_stops(tiny_model)
     assert third.policy["step_kl"] == second.policy["step_kl"] and second.loss == third.loss == 0.0
     torch.testing.assert_close(first.token_values["learner_logprobs"][1:], learner.logprobs(batch)[1:],
                                rtol=0, atol=1e-5)
+
+
+def _bounded_learner(tiny_model, bound: float | None, steps: int = 1):
+    from agentrl.learner.rl import Learner
+
+    cfg = LearnerConfig(lr=1e-2, mini_batches=steps, micro_batch_size=1, max_step_kl=bound)
+    return Learner(LearnerSpec(tiny_model, cfg, AlgoConfig(trust_region="none"), steps))
+
+
+def _weights(learner) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in learner.engine.module.parameters() if p.requires_grad]
+
+
+def _k3(after: torch.Tensor, before: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean k3 of KL(pi_before || pi_after) over the scored tokens, by a loop over them."""
+    log_r = [float(after[b, t] - before[b, t]) for b in range(mask.shape[0]) for t in range(mask.shape[1])
+             if mask[b, t] > 0]
+    return sum(math.exp(x) - 1 - x for x in log_r) / len(log_r)
+
+
+def test_max_step_kl_shortens_a_step_along_its_line_until_its_kl_is_within_the_bound(tiny_model):
+    """One optimizer step over two rows, the same from the same weights in three learners: no bound, a bound it
+    stays within, and a bound at a 60th of the KL the step moved (k3 on the step's own tokens, checked by a loop
+    over them): that one must leave theta_0 + s (theta_1 - theta_0), its tokens' KL within the bound."""
+    free, within = _bounded_learner(tiny_model, None), _bounded_learner(tiny_model, 10.0)
+    theta0, batch = _weights(free), make_batch(free, 0.0)
+    before = free.logprobs(batch)
+    free.step(batch)
+    theta1 = _weights(free)
+    moved = _k3(free.logprobs(batch), before, batch.loss_mask)
+    assert moved > 0.1  # lr 1e-2 on a tiny model: Adam's first step moves it far
+    (m,) = within.step(make_batch(within, 0.0))
+    # the training pass's log pi and the no-grad pass's in another grouping: float32 rounding, ~|log r| * 1e-6 a term
+    assert m.policy["moved_kl"] == pytest.approx(moved, rel=1e-4) and m.policy["step_scale"] == 1.0
+    assert m.policy["step_kl_bounded"] == m.policy["moved_kl"]
+    for p, q in zip(_weights(within), theta1):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7)  # within the bound: the step as taken
+
+    bound = moved / 60
+    bounded = _bounded_learner(tiny_model, bound)
+    (b,) = bounded.step(make_batch(bounded, 0.0))
+    scale = b.policy["step_scale"]
+    assert b.policy["moved_kl"] == pytest.approx(moved, rel=1e-4) and 0.0 < scale < 1.0
+    for p, p0, p1 in zip(_weights(bounded), theta0, theta1):
+        torch.testing.assert_close(p, p0 + scale * (p1 - p0), rtol=1e-4, atol=1e-6)
+    left = _k3(bounded.logprobs(batch), before, batch.loss_mask)
+    assert left == pytest.approx(b.policy["step_kl_bounded"], rel=1e-3) and left <= bound
+    assert bounded.version == 1  # a shortened step still counts as a version
+    # tries go on from the last one's KL as if quadratic, aimed at half the bound: s_1 = sqrt(bound / (2 moved))
+    first = math.sqrt(bound / (2 * moved))
+    assert scale == pytest.approx(first, rel=1e-4) or scale < first
+
+
+def test_step_scale_is_the_quadratic_estimate_from_the_last_try():
+    from agentrl.learner.step_bound import step_scale
+
+    assert step_scale(0.01, 0.05) == 1.0 and step_scale(0.05, 0.05, 0.5) == 0.5
+    # aimed at half the bound: sqrt(0.025 / 0.4) = 0.25, and from a try at 0.5: 0.5 * sqrt(0.025 / 1.6) = 0.0625
+    assert step_scale(0.4, 0.05) == pytest.approx(0.25) and step_scale(1.6, 0.05, 0.5) == pytest.approx(0.0625)
+
+
+def test_max_step_kl_needs_the_modules_own_weights():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"learner.max_step_kl=0.05 needs learner.zero_stage 0 and "
+                                              r"learner.dtype float32.*got zero_stage 2, dtype float32"):
+        LearnerConfig(max_step_kl=0.05, zero_stage=2)
+    with pytest.raises(ValidationError, match=r"got zero_stage 0, dtype bfloat16"):
+        LearnerConfig(max_step_kl=0.05, dtype="bfloat16")
+    assert LearnerConfig(max_step_kl=0.05).max_step_kl == 0.05

@@ -69,6 +69,11 @@ class LearnerConfig(OptimConfig):
         "pi_theta) over that mini-batch's tokens (k3, a mean); above this the actor skips the batch's remaining "
         "steps (the critic still takes them, each still counts as a version). None = off; needs "
         "learner.mini_batches > 1")
+    max_step_kl: float | None = Field(
+        None, gt=0, le=10.0, description="bounds every actor optimizer step, a batch's first included: after it, a "
+        "no-grad pass measures KL(pi_before || pi_after) over the step's tokens (k3, a mean); above this the step "
+        "is shortened to sqrt(max_step_kl / KL) of its length (agentrl.learner.step_bound). None = off; needs "
+        "learner.zero_stage 0 and dtype float32")
     num_threads: int = Field(1, ge=1, le=256, description="torch threads for the learner")
     reference_offload: bool = Field(False, description="keep the frozen reference's parameters on CPU (ZeRO-3)")
     ema_decay: float = Field(0.0, ge=0.0, lt=1.0, description="actor EMA decay; > 0 keeps an EMA, which is "
@@ -100,6 +105,14 @@ class LearnerConfig(OptimConfig):
         if self.target_kl is not None and self.mini_batches == 1:
             raise ValueError(f"learner.target_kl={self.target_kl} needs learner.mini_batches > 1: it stops a batch's "
                              f"later optimizer steps, and with one step a batch there is none")
+        return self
+
+    @model_validator(mode="after")
+    def _step_bound_needs_own_weights(self) -> "LearnerConfig":
+        if self.max_step_kl is not None and (self.zero_stage != 0 or self.dtype != "float32"):
+            raise ValueError(f"learner.max_step_kl={self.max_step_kl} needs learner.zero_stage 0 and learner.dtype "
+                             f"float32 (it shortens a step in the module's weights, which are the optimizer's only "
+                             f"there); got zero_stage {self.zero_stage}, dtype {self.dtype}")
         return self
 
     @model_validator(mode="after")

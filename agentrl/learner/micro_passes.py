@@ -19,7 +19,7 @@ from agentrl.types import TrainBatch
 
 class MicroPasses:
     """Forward passes of `Learner` (engine, reference, teacher, critic, cfg, algo, world, rank, device, temperature,
-    top_p, share_min_saved, micro_per_mini are its attributes)."""
+    top_p, share_min_saved, micro_per_mini, unsup_batches, unsup_drawn are its attributes)."""
 
     def _forward_logprobs(self, batch: TrainBatch, rows: slice | Micro, engine=None, with_entropy: bool = False,
                           full_vocab: bool = False):
@@ -52,6 +52,14 @@ class MicroPasses:
         else:
             values = self.critic(input_ids=ids, attention_mask=attn)
         return widen(torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1).float(), batch.input_ids.shape[1])
+
+    def _unsup_loss(self) -> torch.Tensor:
+        """Next-token cross-entropy on the next batch of unsupervised text (DeepSpeed-Chat's ptx loss)."""
+        ids, attn = (t.to(self.device) for t in next(self.unsup_batches))
+        self.unsup_drawn += 1
+        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        target = ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
     def _plan(self, batch: TrainBatch, rows: range, train: bool) -> list[list[Micro]]:
         """[rank][k] micro-batches of `rows` (`packing.plan_micro_batches`): training takes `micro_per_mini`

@@ -31,6 +31,7 @@ from agentrl.learner.spec import LearnerSpec
 from agentrl.learner.teacher import build_teacher, distill_into
 from agentrl.learner.models import (ModelEMA, disable_dropout, load_causal_lm, load_value_model,
                                     trained_engine)
+from agentrl.learner.step_bound import bound_step, trainable_copy
 from agentrl.learner.step_parts import accumulate, below_target_kl, kl_controller, local_grad_norm, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
@@ -205,14 +206,6 @@ class Learner(MicroPasses):
             metrics["kl_ref"] = float(masked_mean(kl_BT, mask))
         return metrics
 
-    def _unsup_loss(self) -> torch.Tensor:
-        """Next-token cross-entropy on the next batch of unsupervised text (DeepSpeed-Chat's ptx loss)."""
-        ids, attn = (t.to(self.device) for t in next(self.unsup_batches))
-        self.unsup_drawn += 1
-        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
-        target = ids[:, 1:].masked_fill(attn[:, 1:] == 0, -100)
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-
     def _critic_micro_step(self, batch: TrainBatch, micro: Micro, old_values: torch.Tensor, weight: float):
         values, rows = self._forward_values(batch, micro), micro.rows
         mask = batch.loss_mask[rows].to(self.device)
@@ -294,22 +287,26 @@ class Learner(MicroPasses):
         per_mini, training, gate, whole = math.ceil(batch.size / self.cfg.mini_batches), actor_trains, {}, {}
         for start in range(0, batch.size, per_mini):
             t0, rows = time.perf_counter(), range(start, min(start + per_mini, batch.size))
-            loss, grad_norm, metric_rows, vf_loss = 0.0, float("nan"), [], None
+            loss, grad_norm, metric_rows, vf_loss, bounded = 0.0, float("nan"), [], None, {}
             lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
             if training and start and self.cfg.target_kl is not None:
                 training = below_target_kl(self.logprobs, batch, rows, old_logp, self.cfg.target_kl, gate, learner_logp)
             if training:
                 self.engine.train()
                 taken = torch.zeros(2, *batch.behav_logprobs.shape)
+                before = trainable_copy(self.engine.module) if self.cfg.max_step_kl is not None else None
                 loss, grad_norm, metric_rows = self._train_engine(
                     self.engine, self.cfg.zero_stage, batch, rows,
                     lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w, reuse, taken))
                 whole = self._pass_metrics(batch, rows, taken, old_logp, ref_logp, reuse,
                                            kept if batch.record_values else None)
                 learner_logp[start:rows.stop] = taken[0, start:rows.stop]  # every rank's rows: gathered above
+                if before is not None:  # taken[0]: log pi before the step, on every rank's rows
+                    bounded = bound_step(self.engine.module, before, self.logprobs, batch, rows, taken[0],
+                                         self.cfg.max_step_kl)
                 if self.ema is not None:
                     self.ema.update(self.engine.module)
-            extra = {**shaped, **whole, **gate, "actor_frozen": float(not actor_trains), "lr": lr,
+            extra = {**shaped, **whole, **gate, **bounded, "actor_frozen": float(not actor_trains), "lr": lr,
                      "prox_reused": float(reuse)}
             if self.critic is not None:
                 self.critic.train()
