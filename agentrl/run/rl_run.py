@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from agentrl.utils import faults
 from agentrl.run.buffer import BatchAssembly, StalenessBuffer
+from agentrl.run.step_record import step_record
 from agentrl.run.checkpoint import (CheckpointError, CheckpointStore, CheckpointWriteError, RunState, capture, load_run_state,
                                 restore, save_run_state)
 from agentrl.run.checkpoint.preempt import RunStopped, StopRequest
@@ -40,7 +41,7 @@ from agentrl.config import Config, ConfigError
 from agentrl.data import TaskStream
 from agentrl.telemetry.learning_signal import SignalWatch, filter_streak_limit, signal_metrics, step_signal
 from agentrl.telemetry.metrics import MetricsSink
-from agentrl.telemetry.tool_use import ToolUseWatch, tool_use_metrics
+from agentrl.telemetry.tool_use import ToolUseWatch
 from agentrl.rollout.failing import unless_failed
 from agentrl.rollout.pool import EvalResult, Producer, RolloutPool, score_episodes
 from agentrl.run.startup import (Prepared, episode_spec, load_model_format, start_teacher, start_workers, stop_agent_server,
@@ -54,39 +55,6 @@ if TYPE_CHECKING:
     from agentrl.rollout.fleet import EngineFleet
 
 log = logging.getLogger("agentrl")
-
-
-def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list, pool: RolloutPool,
-                window: dict[str, float], overlap_tokens: int, buffer: StalenessBuffer) -> dict[str, Any]:
-    episodes = assembly.episodes
-    now = time.perf_counter()
-    tokens_per_s = (pool.generated_tokens - window["tokens"]) / max(now - window["time"], 1e-9)
-    window.update(tokens=pool.generated_tokens, time=now)
-    hist = assembly.staleness_hist
-    rec: dict[str, Any] = {
-        "step": step, "version": step + 1, "episodes": len(episodes),
-        "reward_mean": sum(e.reward for e in episodes) / len(episodes),
-        "success_rate": sum(e.success for e in episodes) / len(episodes),
-        "staleness_hist": hist, "staleness_max": max(hist) if hist else 0,
-        "rollout_tokens_per_s": tokens_per_s, "learner_step_s": sum(m.step_time_s for m in metrics),
-        "loss": metrics[-1].loss, "grad_norm": metrics[-1].grad_norm, "overlap_tokens": overlap_tokens,
-        "push_latency_s": max((p.latency_s for p in pushes if p.ok), default=None),
-        "push_pause_s": max((p.pause_s for p in pushes if p.ok), default=None),
-        "push_snapshot_s": max((p.snapshot_s for p in pushes if p.ok), default=None),
-        "push_failures": sum(not p.ok for p in pushes), "dropped_stale": assembly.dropped_stale,
-    }
-    rec.update({f"policy/{k}": v for k, v in metrics[-1].policy.items()})
-    if metrics[-1].critic_loss is not None:
-        rec["policy/critic/loss"] = metrics[-1].critic_loss
-    rec.update({f"episodes/{k}": v for k, v in pool.status_counts.items()})
-    rec.update(pool.tool_stats.metrics())
-    rec.update(tool_use_metrics(rec))
-    if pool.scorer is not None:
-        rec.update(pool.scorer.metrics())
-    if pool.spec.server is not None:
-        rec.update(pool.spec.server.stats())
-    rec.update({f"buffer/{k}": v for k, v in buffer.stats().items()})
-    return rec
 
 
 def _merged(first: dict[str, list[int]], then: dict[str, list[int]]) -> dict[str, list[int]]:
