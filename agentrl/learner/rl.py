@@ -32,7 +32,7 @@ from agentrl.learner.teacher import build_teacher, distill_into
 from agentrl.learner.models import (ModelEMA, disable_dropout, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_bound import bound_step, trainable_copy
-from agentrl.learner.step_parts import accumulate, below_target_kl, kl_controller, local_grad_norm, weighted, zero_loss
+from agentrl.learner.step_parts import accumulate, kl_controller, kl_gate, local_grad_norm, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
 
@@ -290,7 +290,10 @@ class Learner(MicroPasses):
             loss, grad_norm, metric_rows, vf_loss, bounded = 0.0, float("nan"), [], None, {}
             lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
             if training and start and self.cfg.target_kl is not None:
-                training = below_target_kl(self.logprobs, batch, rows, old_logp, self.cfg.target_kl, gate, learner_logp)
+                gate, now = kl_gate(self.logprobs, batch, rows, old_logp, self.cfg.target_kl)
+                training = not gate["kl_stopped"]
+                if now is not None:  # the rows the actor skips: the viewer's log pi is the weights' now
+                    learner_logp[start:] = now[start:]
             if training:
                 self.engine.train()
                 taken = torch.zeros(2, *batch.behav_logprobs.shape)

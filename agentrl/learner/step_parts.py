@@ -90,16 +90,16 @@ def kl_controller(algo: AlgoConfig) -> KLController:
     return make_kl_controller(ctl.type, algo.kl.coef)
 
 
-def below_target_kl(logprobs: Callable[[TrainBatch, range], torch.Tensor], batch: TrainBatch, rows: range,
-                    old_logp: torch.Tensor, target_kl: float, gate: dict, learner_logp: torch.Tensor) -> bool:
-    """learner.target_kl: whether the actor takes its step on `rows`, from how far the batch's earlier steps
-    moved it there (`step_kl` from pi_prox, by a no-grad pass `logprobs`; into `gate` with "kl_stopped").
-    Stopped, the rows the actor skips get the current log pi as the viewer's `learner_logprobs`."""
+def kl_gate(logprobs: Callable[[TrainBatch, range], torch.Tensor], batch: TrainBatch, rows: range,
+            old_logp: torch.Tensor, target_kl: float) -> tuple[dict[str, float], torch.Tensor | None]:
+    """learner.target_kl: how far the batch's earlier steps moved the actor on `rows` (`step_kl` from pi_prox, by
+    a no-grad pass `logprobs`) and whether it stops there: ({"step_kl", "kl_stopped"}, log pi). The log pi, only
+    when stopped and the batch records per-token values, is the current one on `rows` and every later row: the
+    viewer's `learner_logprobs` for the rows the actor skips."""
     sl, logp = slice(rows.start, rows.stop), logprobs(batch, rows)
-    gate["step_kl"] = step_kl(old_logp[sl], logp[sl], batch.loss_mask[sl])
-    gate["kl_stopped"] = float(gate["step_kl"] > target_kl)
-    if gate["kl_stopped"] and batch.record_values:
-        learner_logp[sl] = logp[sl]
-        if rows.stop < batch.size:  # later mini-batches: skipped too
-            learner_logp[rows.stop:] = logprobs(batch, range(rows.stop, batch.size))[rows.stop:]
-    return not gate["kl_stopped"]
+    kl = step_kl(old_logp[sl], logp[sl], batch.loss_mask[sl])
+    if kl <= target_kl or not batch.record_values:
+        return {"step_kl": kl, "kl_stopped": float(kl > target_kl)}, None
+    if rows.stop < batch.size:  # later mini-batches: skipped too
+        logp[rows.stop:] = logprobs(batch, range(rows.stop, batch.size))[rows.stop:]
+    return {"step_kl": kl, "kl_stopped": 1.0}, logp
