@@ -63,10 +63,10 @@ def test_ppo_with_actor_critic_reference_and_reward_model(tmp_path, model_dir, r
     assert coefs[0] == pytest.approx(0.05) and coefs[-1] != coefs[0]  # the adaptive controller moved
     for rec in records:
         assert math.isfinite(rec["policy/critic/loss"]) and math.isfinite(rec["policy/critic/value_mean"])
-        # two optimizer steps a batch: each one's metrics, policy/* the last one's
-        _, last = rec["policy_steps"]
-        assert last == {k[len("policy/"):]: v for k, v in rec.items()
-                        if k.startswith("policy/") and k != "policy/critic/loss"}
+        # two optimizer steps a batch: each one's metrics, policy/* each key's from the last step that has it
+        first, last = rec["policy_steps"]
+        assert {**first, **last} == {k[len("policy/"):]: v for k, v in rec.items()
+                                     if k.startswith("policy/") and k != "policy/critic/loss"}
         assert rec["reward/rm/ok"] > 0 and rec.get("reward/rm/error", 0) == 0
     # the actor's first trained batch: its first step at warmup's lr / 2, its second at the peak
     first, second = records[1]["policy_steps"]

@@ -283,11 +283,10 @@ class Learner(MicroPasses):
         # the viewer's per-token values (`token_values`): log pi at the pass that trained each token, and the
         # trust region's decision there; only when the run writes them down (`TrainBatch.record_values`)
         learner_logp, kept = torch.zeros_like(batch.behav_logprobs), torch.ones_like(batch.behav_logprobs)
-        # a step target_kl skips repeats the last trained step's `whole` (a run records a batch's last step)
-        per_mini, training, gate, whole = math.ceil(batch.size / self.cfg.mini_batches), actor_trains, {}, {}
+        per_mini, training, gate = math.ceil(batch.size / self.cfg.mini_batches), actor_trains, {}
         for start in range(0, batch.size, per_mini):
             t0, rows = time.perf_counter(), range(start, min(start + per_mini, batch.size))
-            loss, grad_norm, metric_rows, vf_loss, bounded = 0.0, float("nan"), [], None, {}
+            loss, grad_norm, metric_rows, vf_loss, bounded, whole = 0.0, float("nan"), [], None, {}, {}
             lr = self.engine.get_lr()[0]  # the rate this optimizer step uses
             if training and start and self.cfg.target_kl is not None:
                 gate, now = kl_gate(self.logprobs, batch, rows, old_logp, self.cfg.target_kl)

@@ -30,10 +30,11 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
         "push_snapshot_s": max((p.snapshot_s for p in pushes if p.ok), default=None),
         "push_failures": sum(not p.ok for p in pushes), "dropped_stale": assembly.dropped_stale,
     }
-    rec.update({f"policy/{k}": v for k, v in metrics[-1].policy.items()})
+    # each key from the batch's last optimizer step that has it (a step learner.target_kl skips has no pass)
+    rec.update({f"policy/{k}": v for m in metrics for k, v in m.policy.items()})
     if metrics[-1].critic_loss is not None:
         rec["policy/critic/loss"] = metrics[-1].critic_loss
-    if len(metrics) > 1:  # several optimizer steps a batch: each one's own (policy/* are the last one's)
+    if len(metrics) > 1:  # several optimizer steps a batch: each one's own, as it reported them
         rec["policy_steps"] = [m.policy for m in metrics]
     rec.update({f"episodes/{k}": v for k, v in pool.status_counts.items()})
     rec.update(pool.tool_stats.metrics())
