@@ -46,18 +46,20 @@ def batch_of_two_groups() -> TrainBatch:
     return TrainBatch.from_episodes(eps, None, 0)
 
 
-def build(model: str, zero: int, algo: AlgoConfig, mini_batches: int):
+def build(model: str, zero: int, algo: AlgoConfig, mini_batches: int, max_step_kl: float | None = None):
     """What each rank runs to build its Learner (by reference to importable names: rank processes
     cannot import this test module)."""
     from agentrl.learner.rl import Learner
     from agentrl.learner.spec import LearnerSpec
 
-    cfg = LearnerConfig(lr=5e-3, zero_stage=zero, micro_batch_size=1, mini_batches=mini_batches)
+    cfg = LearnerConfig(lr=5e-3, zero_stage=zero, micro_batch_size=1, mini_batches=mini_batches,
+                        max_step_kl=max_step_kl)
     critic = CriticConfig(zero_stage=zero) if algo.advantage.type == "gae" else None
     return partial(Learner, LearnerSpec(model, cfg, algo, 8, critic=critic, critic_path=model if critic else None))
 
 
-def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini_batches: int):
+def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini_batches: int,
+                       max_step_kl: float | None = None):
     """The weights, metrics and version after one step on the batch: on `ranks` Ray actors, or with
     ranks=0 in this process as the local backend runs it (the reference: a one-rank actor proved nothing
     more and cost an actor's cold imports of torch, DeepSpeed and transformers in each case)."""
@@ -67,10 +69,10 @@ def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini
     from agentrl.learner.ray_ranks import RayLearner
 
     if ranks == 0:
-        learner = build(model, zero, algo, mini_batches)()
+        learner = build(model, zero, algo, mini_batches, max_step_kl)()
         metrics = learner.step(batch_of_two_groups())
         return learner.state_dict_cpu(), metrics, learner.version
-    learner = RayLearner(build(model, zero, algo, mini_batches), ClusterConfig(
+    learner = RayLearner(build(model, zero, algo, mini_batches, max_step_kl), ClusterConfig(
         backend="ray", learner_ranks=ranks))
     learner.start()
     try:
@@ -81,16 +83,18 @@ def weights_after_step(model: str, ranks: int, zero: int, algo: AlgoConfig, mini
         learner.shutdown()
 
 
-@pytest.mark.parametrize("zero,algo,mini_batches", [
-    (0, AlgoConfig(kl={"type": "loss", "coef": 0.1}), 2),  # reference logprobs gathered; two optimizer steps
-    (2, AlgoConfig(advantage="gae", mode="bypass"), 1),  # critic values gathered; returns from GAE
+@pytest.mark.parametrize("zero,algo,mini_batches,max_step_kl", [
+    (0, AlgoConfig(kl={"type": "loss", "coef": 0.1}), 2, None),  # reference logprobs gathered; two optimizer steps
+    # learner.max_step_kl: each rank measures the step on the gathered rows, so each shortens it alike
+    (0, AlgoConfig(), 2, 1e-3),
+    (2, AlgoConfig(advantage="gae", mode="bypass"), 1, None),  # critic values gathered; returns from GAE
     # ZeRO-3 partitions and gathers parameters across ranks; a KL loss at one optimizer step takes
     # pi_prox from the training pass, each rank its own rows, gathered for the KL metric
-    (3, AlgoConfig(entropy_coef=0.01, kl={"type": "loss", "coef": 0.1}), 1),
-], ids=["zero0-kl-2mini", "zero2-gae", "zero3-entropy-kl"])
-def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches):
-    one, m1, v1 = weights_after_step(tiny_model, 0, zero, algo, mini_batches)
-    two, m2, v2 = weights_after_step(tiny_model, 2, zero, algo, mini_batches)
+    (3, AlgoConfig(entropy_coef=0.01, kl={"type": "loss", "coef": 0.1}), 1, None),
+], ids=["zero0-kl-2mini", "zero0-2mini-bounded", "zero2-gae", "zero3-entropy-kl"])
+def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches, max_step_kl):
+    one, m1, v1 = weights_after_step(tiny_model, 0, zero, algo, mini_batches, max_step_kl)
+    two, m2, v2 = weights_after_step(tiny_model, 2, zero, algo, mini_batches, max_step_kl)
     assert v1 == v2 == mini_batches
     assert one.keys() == two.keys()
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
@@ -106,6 +110,10 @@ def test_two_ranks_step_like_one(ray_local, tiny_model, zero, algo, mini_batches
         assert (b.critic_loss is None) == (a.critic_loss is None) == (algo.advantage.type != "gae")
         if a.critic_loss is not None:  # each rank's is its share of the step's: they add up to the one rank's
             assert b.critic_loss == pytest.approx(a.critic_loss, abs=1e-5)
+        if max_step_kl is not None:
+            assert 0.0 < a.policy["step_scale"] < 1.0  # shortened (lr 5e-3 moves this model by a KL near 1)
+            assert b.policy["moved_kl"] == pytest.approx(a.policy["moved_kl"], rel=1e-4)
+            assert b.policy["step_scale"] == pytest.approx(a.policy["step_scale"], rel=1e-4)
         if algo.has_kl:
             assert b.policy["kl_seq_k1"] == pytest.approx(a.policy["kl_seq_k1"], abs=1e-6)
     if zero == 3:
