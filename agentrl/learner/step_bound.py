@@ -5,9 +5,10 @@ After each actor step, a no-grad pass over the step's own rows measures KL(pi_be
 mean: `agentrl.algo.step_kl`; pi_before is the training pass's log pi, taken at the weights before the step).
 Past the bound the step is shortened, theta = theta_0 + s (theta_1 - theta_0), and measured again: a
 backtracking line search as TRPO's, on top of Adam. Each try takes s from the last one's KL, aiming at half
-the bound as if KL grew with the square of the step's length (true near theta_0; far from it KL grows slower,
-so a try can land above the bound and the next goes on from it); after `TRIES` tries still above the bound, the step is dropped (s = 0),
-so a step never leaves the policy farther than the bound on its tokens. Steps within it pay one no-grad pass.
+the bound as if KL grew with the square of the step's length (true near theta_0; farther out it can grow
+slower, so a try lands above the bound and the next goes on from it, or faster, so it lands well below).
+After `TRIES` tries still above the bound the step is dropped (s = 0): a step never leaves the policy farther
+than the bound on its tokens. Steps within it pay one no-grad pass.
 The moments Adam took from the step's gradient stay: undoing them too would only repeat the step next batch.
 
 Why: on the 16-turn workload a batch's first step at times moved the policy by a KL of 0.3-1.0 against a
