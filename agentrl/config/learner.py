@@ -72,8 +72,8 @@ class LearnerConfig(OptimConfig):
     max_step_kl: float | None = Field(
         None, gt=0, le=10.0, description="bounds every actor optimizer step, a batch's first included: after it, a "
         "no-grad pass measures KL(pi_before || pi_after) over the step's tokens (k3, a mean); above this the step "
-        "is shortened to sqrt(max_step_kl / KL) of its length (agentrl.learner.step_bound). None = off; needs "
-        "learner.zero_stage 0 and dtype float32")
+        "is shortened along its line until within it (a backtracking line search; dropped after 4 tries: "
+        "agentrl.learner.step_bound). None = off; needs learner.zero_stage 0 and dtype float32")
     num_threads: int = Field(1, ge=1, le=256, description="torch threads for the learner")
     reference_offload: bool = Field(False, description="keep the frozen reference's parameters on CPU (ZeRO-3)")
     ema_decay: float = Field(0.0, ge=0.0, lt=1.0, description="actor EMA decay; > 0 keeps an EMA, which is "
