@@ -73,12 +73,17 @@ def disable_dropout(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+def trainable_params(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The weights the optimizer steps (LoRA and a frozen actor leave some out), in the module's order."""
+    return [p for p in module.parameters() if p.requires_grad]
+
+
 def trained_engine(module: torch.nn.Module, opt: OptimConfig, micro_batch_size: int, grad_accum: int,
                    bf16: bool, total_steps: int):
     """A DeepSpeed engine with AdamW over the trainable parameters and the configured schedule."""
     import deepspeed
 
-    params = [p for p in module.parameters() if p.requires_grad]
+    params = trainable_params(module)
     optimizer = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
     schedule: Callable[[int], float] = lambda step: lr_factor(  # noqa: E731
         step, opt.scheduler, opt.warmup_steps, total_steps, opt.min_lr_ratio)

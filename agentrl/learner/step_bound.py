@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from agentrl.algo import step_kl
+from agentrl.learner.models import trainable_params
 from agentrl.types import TrainBatch
 
 
@@ -40,7 +41,7 @@ def step_scale(kl: float, bound: float, scale: float = 1.0) -> float:
 
 def trainable_copy(module: torch.nn.Module) -> list[torch.Tensor]:
     """The trainable weights before a step, copied (the tiny cost of a bound: one copy of the weights)."""
-    return [p.detach().clone() for p in module.parameters() if p.requires_grad]
+    return [p.detach().clone() for p in trainable_params(module)]
 
 
 @torch.no_grad()
@@ -50,7 +51,7 @@ def bound_step(module: torch.nn.Module, before: list[torch.Tensor],
     """Measure the step just taken on `rows` (`logp_before`: (B, T) log pi there before it) and shorten it past
     `bound`. Every rank measures the same gathered rows, so every rank scales alike. Returns the metrics
     `moved_kl` (the whole step's), `step_kl_bounded` (the step's as left) and `step_scale` (its share kept)."""
-    sl, params = slice(rows.start, rows.stop), [p for p in module.parameters() if p.requires_grad]
+    sl, params = slice(rows.start, rows.stop), trainable_params(module)
 
     def measure() -> float:
         return step_kl(logp_before[sl], logprobs(batch, rows)[sl], batch.loss_mask[sl])

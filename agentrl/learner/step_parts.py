@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from agentrl.algo import KLController, make_kl_controller, step_kl
 from agentrl.config import AlgoConfig
+from agentrl.learner.models import trainable_params
 from agentrl.types import TrainBatch
 
 
@@ -59,7 +60,7 @@ def widen(values_NW: torch.Tensor, width: int) -> torch.Tensor:
 
 def zero_loss(module: torch.nn.Module) -> torch.Tensor:
     """A loss of exactly 0 that still touches every trainable parameter, for an empty micro-step."""
-    return sum(p.sum() * 0.0 for p in module.parameters() if p.requires_grad)
+    return sum(p.sum() * 0.0 for p in trainable_params(module))
 
 
 def weighted(rows: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
