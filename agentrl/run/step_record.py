@@ -18,13 +18,16 @@ def step_record(step: int, assembly: BatchAssembly, metrics: list, pushes: list,
     tokens_per_s = (pool.generated_tokens - window["tokens"]) / max(now - window["time"], 1e-9)
     window.update(tokens=pool.generated_tokens, time=now)
     hist = assembly.staleness_hist
+    # loss and grad_norm, like policy/* below, from the batch's last step that trained the actor (a step
+    # learner.target_kl stops has no share of tokens, a loss of 0 and no norm); every step if none did
+    last = ([m for m in metrics if m.share] or metrics)[-1]
     rec: dict[str, Any] = {
         "step": step, "version": step + 1, "episodes": len(episodes),
         "reward_mean": sum(e.reward for e in episodes) / len(episodes),
         "success_rate": sum(e.success for e in episodes) / len(episodes),
         "staleness_hist": hist, "staleness_max": max(hist) if hist else 0,
         "rollout_tokens_per_s": tokens_per_s, "learner_step_s": sum(m.step_time_s for m in metrics),
-        "loss": metrics[-1].loss, "grad_norm": metrics[-1].grad_norm, "overlap_tokens": overlap_tokens,
+        "loss": last.loss, "grad_norm": last.grad_norm, "overlap_tokens": overlap_tokens,
         "push_latency_s": max((p.latency_s for p in pushes if p.ok), default=None),
         "push_pause_s": max((p.pause_s for p in pushes if p.ok), default=None),
         "push_snapshot_s": max((p.snapshot_s for p in pushes if p.ok), default=None),

@@ -5,7 +5,8 @@ Metric names (keys of each jsonl record):
   step, version, reward_mean, success_rate, eval_score (at eval points), staleness_hist,
   rollout_tokens_per_s, learner_step_s (the optimizer steps' passes), learner_call_s (the whole learner
   step: also the reference, pi_prox and value passes and the advantages), batch_wait_s, push_latency_s, push_failures,
-  overlap_tokens (tokens generated while the learner stepped), policy/* (clip_frac, is_weight_*,
+  overlap_tokens (tokens generated while the learner stepped), loss and grad_norm (the batch's last optimizer
+  step that trained the actor), policy/* (clip_frac, is_weight_*,
   is_ess, mismatch_k1, mismatch_abs, ...: each from the batch's last optimizer step that has it), policy_steps (with
   learner.mini_batches > 1: each step's policy metrics, a list), episodes/* (status counts), buffer/* (buffer counters).
 """
