@@ -47,18 +47,20 @@ ENV_KWARGS = {"max_turns": 16, "turn_penalty": 1 / 16}
 # bench/staleness.py compares those recipes with the default.
 SMOOTH = 3  # time to target on the mean of this many consecutive evals (robust to one noisy eval)
 # The estimator: PPO's GAE with a critic (`algo.advantage=gae`, the critic initialised from the actor with a
-# new value head, trained alone for the first 5 steps), one optimizer step a batch. GRPO spreads one
+# new value head, trained alone for the first 5 steps), four optimizer steps a batch, each bounded to a KL of
+# 0.05 from the weights before it (`learner.mini_batches=4 learner.max_step_kl=0.05`). GRPO spreads one
 # episode-level advantage over up to 16 turns, so a good late guess in a long episode is pushed down with the
 # wasted ones before it: on this workload GRPO stayed flat on-policy (0.743 -> 0.715 in 60 steps, seed 0).
 # turn_grpo (a baseline per turn over the group's episodes that reached it) learned, +0.035 over the warm
 # start in 120 steps (seeds 0-2); a critic judges every guess against the value of the state it was made in
-# and gained +0.0496 at 1.4x the seconds a step. Two optimizer steps a batch (learner.mini_batches=2) gained
-# more at staleness 0 and 8 (+0.062, +0.058) but collapsed on one seed of three at 2 and at 4 (0.581, 0.682):
-# docs/benchmarks.md, "Staleness".
+# and gained +0.0496 with one step a batch. Two steps a batch without a bound gained more at staleness 0 and 8
+# but collapsed on one seed of three at 2 and at 4: a batch's first step at times moved the policy by a KL of
+# 0.3-1.0 (median 0.0007). With the bound four steps gain +0.056 to +0.059 at every staleness 0-16, at 1.4x the
+# seconds a step of one: docs/benchmarks.md, "Staleness".
 WORKLOAD = ["env.import_path=envs.guess_number:GuessNumberEnv", "env.kwargs.max_turns=16",
             f"env.kwargs.turn_penalty={ENV_KWARGS['turn_penalty']}", "rollout.max_turns=16",
             "rollout.max_tokens_per_turn=6", "engine.max_model_len=512", "algo.advantage=gae",
-            "learner.freeze_actor_steps=5"]
+            "learner.freeze_actor_steps=5", "learner.mini_batches=4", "learner.max_step_kl=0.05"]
 
 
 async def fleet_round_rates(model: str, engines: int, episodes: int, rounds: int) -> tuple[list[float], Counter]:

@@ -9,7 +9,9 @@ and off-policy method, over several seeds, on two workloads. The headline table 
 Workloads (the embedded default model, warm-started as the examples are):
   long16:  bench/scale_out.py's guess-the-number with up to 16 turns and a turn penalty (long-tailed
            episodes: the setting where asynchronous generation pays and stale samples hurt), trained with
-           its estimator, `algo.advantage=gae` (PPO with a critic; GRPO does not learn there);
+           its estimator, `algo.advantage=gae` (PPO with a critic; GRPO does not learn there), four
+           optimizer steps a batch each bounded in KL (`learner.mini_batches=4 learner.max_step_kl=0.05`:
+           a policy version is one step, so `max_staleness` below 4 trains it on-policy);
   default: the README's main job, examples/agents/guess_number.yaml (up to 4 turns).
 Methods (`METHODS`): `default` is what ships (decoupled PPO, truncated IS, `algo.trust_region: clip`);
 `decoupled_tis` and `bypass_dual` are the two recipes it replaced; `half_life` (the trust region's bounds

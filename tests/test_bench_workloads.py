@@ -18,8 +18,9 @@ CONFIG = Path(__file__).resolve().parents[1] / "examples/agents/guess_number.yam
 def test_every_workload_and_method_loads(workload, method):
     cfg = load_config(str(CONFIG), [*WORKLOADS[workload], *METHODS[method]])
     if workload == "long16":
-        # the 16-turn task with PPO's critic, one optimizer step a batch (docs/benchmarks.md, "Staleness"); its
-        # off-policy settings are the method's
+        # the 16-turn task with PPO's critic, four optimizer steps a batch, each bounded in KL (docs/benchmarks.md,
+        # "Staleness"); its off-policy settings are the method's
         assert cfg.env.kwargs["max_turns"] == 16 and cfg.rollout.max_turns == 16
         assert cfg.algo.advantage.type == "gae"
-        assert cfg.learner.freeze_actor_steps == 5 and cfg.learner.mini_batches == 1
+        assert cfg.learner.freeze_actor_steps == 5 and cfg.learner.mini_batches == 4
+        assert cfg.learner.max_step_kl == 0.05
