@@ -27,8 +27,8 @@ def test_defaults_warn_about_nothing():
     (["algo.trust_region={type: clip, eps_low: 0.1, eps_high: 0.3}", "algo.clip_high=0.3"], ["algo.clip_high"]),
     # with two mini-batches the ratio moves from 1 on the second: the clips can act, and a clip bound that
     # differs from the (unnamed) trust region's is said to bound PPO's clip only
-    (["learner.mini_batches=2", "algo.dual_clip=3", "algo.clip_low=0.1"], ["algo.clip_low"]),
-    (["learner.mini_batches=2", "algo.dual_clip=3", "algo.clip_low=0.2"], []),
+    (["learner.mini_batches=2", "buffer.max_staleness=2", "algo.dual_clip=3", "algo.clip_low=0.1"], ["algo.clip_low"]),
+    (["learner.mini_batches=2", "buffer.max_staleness=2", "algo.dual_clip=3", "algo.clip_low=0.2"], []),
     (["algo.mode=bypass", "algo.clip_high=0.28"], ["algo.clip_high"]),
     (["algo.mode=bypass", "algo.trust_region={type: clip, eps_high: 0.28}", "algo.clip_high=0.28"], ["algo.trust_region"]),
     (["algo.mode=bypass", "algo.correction={type: mask, high: 3}"], ["algo.correction"]),
@@ -38,6 +38,10 @@ def test_defaults_warn_about_nothing():
     (["algo.mode=bypass", "algo.trust_region={type: clip, eps_low: 0.1, eps_high: 0.3}"], []),
     (["algo.mode=bypass", "algo.trust_region={type: clip, eps_low: 0.2, eps_high: 0.1}"], []),
     (["algo.mode=bypass", "algo.trust_region=m2"], []),
+    # a version is one optimizer step: a bound below the steps a batch admits no batch of lead
+    (["learner.mini_batches=4", "buffer.max_staleness=3"], ["buffer.max_staleness"]),
+    (["learner.mini_batches=4", "buffer.max_staleness=4"], []),
+    (["learner.mini_batches=4", "buffer.max_staleness=0"], []),
     (["algo.correction={type: mask, low: 0.3}"], []),
     (["algo.trust_region={type: m2, tau: 0.1}"], []),
     # is_low without mask, is_high without a correction, tau without m2, gae keys without gae and KL

@@ -49,6 +49,13 @@ def inert_settings(cfg: Config) -> list[str]:
                    f"set algo.trust_region=none")
     # Keys of a choice not taken (gamma without gae, a KL setting without a KL term, is_low without
     # mask, tau without m2, dual_clip with cispo) cannot be written any more: see agentrl.config.algo.
+    stale, steps = cfg.buffer.max_staleness, cfg.learner.mini_batches
+    if 0 < stale < steps:
+        # Measured: at 4 steps a batch, bounds 1-3 trained at a mean staleness of 0.00 (docs/benchmarks.md).
+        out.append(f"buffer.max_staleness={stale} lets no batch be generated ahead of the learner: a version is one "
+                   f"optimizer step and learner.mini_batches={steps} takes {steps} a batch, so a batch generated while "
+                   f"the one before trains is {steps} versions old when it trains; the run is synchronous, as at 0. "
+                   f"Set it to {steps} or more for one batch of lead ({2 * steps} for two)")
     if cfg.learner.lora.rank > 0 and cfg.learner.lora.dropout > 0:
         out.append(f"learner.lora.dropout={cfg.learner.lora.dropout} has no effect in RL: every learner pass runs "
                    f"without dropout, so pi_prox, pi_theta and the reference are the same function of the weights")
