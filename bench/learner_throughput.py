@@ -113,14 +113,13 @@ def plain_engine(path: str, args: argparse.Namespace):
     from transformers import AutoModelForCausalLM
 
     from agentrl.learner.dist import init_single_process_dist
-    from agentrl.learner.models import ds_config
+    from agentrl.learner.models import ds_config, trainable_params
 
     init_single_process_dist()
     torch.set_num_threads(args.threads)
     cfg = learner_config(args)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
-                                  weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(trainable_params(model), lr=cfg.lr, weight_decay=cfg.weight_decay)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer,
                                       config=ds_config(cfg, args.batch, 1, args.dtype == "bfloat16"))
     return engine
