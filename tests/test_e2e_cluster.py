@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from agentrl.learner.dist import free_port
+from agentrl.run.cluster import keep_token_private
 from test_e2e import ROOT
 import warm_python
 
@@ -28,16 +29,20 @@ FIXTURES = ROOT / "tests" / "fixtures"  # held_env
 
 class RayHead(NamedTuple):
     port: int
-    process: psutil.Process  # `ray start`'s: the cluster's processes (engine actors too) descend from it
+    process: psutil.Process  # `ray start`'s: the cluster's processes (its engine actors too) descend from it
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_head():
     """A one-node Ray cluster as `ray start --head` makes it; `--block` ties its processes to this one
     so that ending it stops this cluster only (`ray stop` would stop every Ray on the machine)."""
     port = free_port()
+    # Token authentication on, as docs/scale-out.md asks: `ray start` alone turns it on only where a token
+    # already is (~/.ray/auth_token, which an earlier test's local Ray may or may not have made).
+    keep_token_private()  # the token, 0600, unless there is one: what a local Ray of a run makes
     proc = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
                              "--include-dashboard=false", "--disable-usage-stats"],
+                            env={**os.environ, "RAY_AUTH_MODE": "token"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if "Ray runtime started" in line:
@@ -61,9 +66,7 @@ def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_
     proc, out = launch(tmp_path, model_dir, "--config", "examples/agents/guess_number.yaml", "train.steps=5",
                        "env.import_path=held_env:HeldGuessNumberEnv", f"env.kwargs.hold_dir={hold}",
                        "data.task_kwargs.high=7", "buffer.batch_size=32", "buffer.max_staleness=0",
-                       "cluster.backend=ray", "cluster.address=auto", "cluster.engines=2", "cluster.learner_ranks=2",
-                       # `auto` takes RAY_ADDRESS first, else the newest cluster here: another test's may be newer
-                       env={"RAY_ADDRESS": f"127.0.0.1:{ray_head.port}"})
+                       "cluster.backend=ray", "cluster.address=auto", "cluster.engines=2", "cluster.learner_ranks=2")
     wait_for_step(proc, out, 2)
     kill_with_turns_in_flight(proc, hold, ray_head.process, "ray::EngineActor")
     summary, records = finish(proc, out)
@@ -81,10 +84,25 @@ def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_
     assert all(r["policy/mismatch_abs"] < 1e-4 for r in records), [r["policy/mismatch_abs"] for r in records]
 
 
-def launch(tmp_path: Path, model_dir: str, *args: str, env: dict[str, str] | None = None
-           ) -> tuple[subprocess.Popen, Path]:
+def test_joining_a_started_cluster_by_its_address_needs_its_token_and_says_so(ray_head):
+    """`cluster.address=HOST:PORT` of a cluster `ray start` made (token authentication on): without
+    RAY_AUTH_MODE=token Ray is refused and raises as if nothing were there; the error says what to set,
+    and with it set the same address joins."""
+    code = ("from agentrl.config import ClusterConfig\nfrom agentrl.run.cluster import connect\n"
+            f"connect(ClusterConfig(backend='ray', address='127.0.0.1:{ray_head.port}'))\n"
+            "import ray\nprint('joined', len(ray.nodes()))")
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    refused = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode != 0 and "set RAY_AUTH_MODE=token" in refused.stderr, refused.stderr[-3000:]
+    joined = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
+                            capture_output=True, text=True, timeout=300)
+    assert joined.returncode == 0 and "joined 1" in joined.stdout, joined.stderr[-3000:]
+
+
+def launch(tmp_path: Path, model_dir: str, *args: str) -> tuple[subprocess.Popen, Path]:
     out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{FIXTURES}", "CI": "true", **(env or {})}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{FIXTURES}", "CI": "true"}
     # No held-out eval before RL unless asked: these runs check the recovery (the eval after it), and a
     # 16-turn eval before costs about 17 s of both cores.
     cmd = [sys.executable, "-m", "agentrl.train", f"model.path={model_dir}", f"train.out_dir={out}",
@@ -100,17 +118,23 @@ def wait_for_step(proc: subprocess.Popen, out: Path, step: int) -> None:
         time.sleep(0.5)
 
 
-def kill_one(title: str, root_pid: int | None = None) -> int:
-    """SIGKILL the first process whose command line starts with `title` (below `root_pid` if given)."""
-    procs = psutil.Process(root_pid).children(recursive=True) if root_pid else psutil.process_iter()
+def titled(procs: list[psutil.Process], title: str) -> psutil.Process:
+    """The first of `procs` whose command line starts with `title` (one that exited meanwhile skipped)."""
     for p in procs:
         try:
             if " ".join(p.cmdline()).startswith(title):
-                p.kill()
-                return p.pid
+                return p
         except psutil.NoSuchProcess:
             continue
     raise AssertionError(f"no process {title!r}")
+
+
+def kill_one(title: str, root_pid: int) -> int:
+    """SIGKILL the first process below `root_pid` titled `title` (only there: another test's processes
+    may run beside this one)."""
+    p = titled(psutil.Process(root_pid).children(recursive=True), title)
+    p.kill()
+    return p.pid
 
 
 def kill_with_turns_in_flight(proc: subprocess.Popen, hold: Path, cluster: psutil.Process, title: str) -> None:
@@ -130,8 +154,8 @@ def kill_with_turns_in_flight(proc: subprocess.Popen, hold: Path, cluster: psuti
         now = len(list(hold.glob("held-*")))
         if now != held:
             held, since = now, time.monotonic()
-    actor = next(p for p in cluster.children(recursive=True) if " ".join(p.cmdline()).startswith(title))
-    core = next(c for c in actor.children() if " ".join(c.cmdline()).startswith("VLLM::EngineCore"))
+    actor = titled(cluster.children(recursive=True), title)
+    core = titled(actor.children(), "VLLM::EngineCore")
     core.suspend()
     try:
         (hold / "release").touch()

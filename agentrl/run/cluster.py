@@ -155,8 +155,13 @@ def connect(cfg: ClusterConfig) -> None:
         try:
             ray.init(address=cfg.address, runtime_env=env, logging_level=logging.WARNING)
         except ConnectionError as exc:
+            # Ray logs the refusal (InvalidAuthToken) and raises as if nothing were there: say both.
+            token = "" if token_auth_on() else (
+                ", or the cluster asks for a token this process did not send: a cluster `ray start` made has Ray's "
+                "token authentication on, which `auto` on one of its nodes picks up and an address does not; set RAY_AUTH_MODE=token (the token is RAY_AUTH_TOKEN, else ~/.ray/auth_token, "
+                "which must hold the head's)")
             raise ClusterError(f"cluster.address={cfg.address!r}: no Ray cluster there ({exc}); start one with "
-                               f"`ray start --head`") from None
+                               f"`ray start --head`{token}") from None
     have = ray.cluster_resources()
     short = [f"{k}: needs {v:g}, the cluster has {have.get(k, 0):g}" for k, v in want.items() if v > have.get(k, 0)]
     if short:
