@@ -157,9 +157,10 @@ def connect(cfg: ClusterConfig) -> None:
         except ConnectionError as exc:
             # Ray logs the refusal (InvalidAuthToken) and raises as if nothing were there: say both.
             token = "" if token_auth_on() else (
-                ", or the cluster asks for a token this process did not send: a cluster `ray start` made has Ray's "
-                "token authentication on, which `auto` on one of its nodes picks up and an address does not; set RAY_AUTH_MODE=token (the token is RAY_AUTH_TOKEN, else ~/.ray/auth_token, "
-                "which must hold the head's)")
+                ", or it refused this process for want of a token: a cluster with Ray's token authentication on "
+                "(a token on its nodes, or RAY_AUTH_MODE=token) is found so by `auto` on one of its nodes, not by "
+                "an address; set RAY_AUTH_MODE=token here (the token: RAY_AUTH_TOKEN, else ~/.ray/auth_token, "
+                "the head's)")
             raise ClusterError(f"cluster.address={cfg.address!r}: no Ray cluster there ({exc}); start one with "
                                f"`ray start --head`{token}") from None
     have = ray.cluster_resources()
