@@ -5,6 +5,7 @@ learner rank for it, about 200 s of CI); the local backend's vLLM core process k
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import psutil
 import pytest
@@ -32,29 +33,39 @@ class RayHead(NamedTuple):
     process: psutil.Process  # `ray start`'s: the cluster's processes (its engine actors too) descend from it
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    """A one-node Ray cluster as `ray start --head` makes it; `--block` ties its processes to this one
-    so that ending it stops this cluster only (`ray stop` would stop every Ray on the machine)."""
+@contextlib.contextmanager
+def started_head(auth_mode: str) -> Iterator[RayHead]:
+    """A one-node Ray cluster as `ray start --head` makes it, with RAY_AUTH_MODE=`auth_mode`; `--block`
+    ties its processes to this one so that ending it stops this cluster only (`ray stop` would stop
+    every Ray on the machine)."""
     port = free_port()
-    # Token authentication on, as docs/scale-out.md asks: `ray start` alone turns it on only where a token
-    # already is (~/.ray/auth_token, which an earlier test's local Ray may or may not have made).
-    keep_token_private()  # the token, 0600, unless there is one: what a local Ray of a run makes
     proc = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
                              "--include-dashboard=false", "--disable-usage-stats"],
-                            env={**os.environ, "RAY_AUTH_MODE": "token"},
+                            env={**os.environ, "RAY_AUTH_MODE": auth_mode},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:
-        if "Ray runtime started" in line:
-            break
-    else:
-        raise AssertionError("ray start --head exited")
-    yield RayHead(port, psutil.Process(proc.pid))
-    proc.send_signal(signal.SIGTERM)  # drains, then stops the processes it started
     try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        for line in proc.stdout:
+            if "Ray runtime started" in line:
+                break
+        else:
+            raise AssertionError("ray start --head exited")
+        yield RayHead(port, psutil.Process(proc.pid))
+    finally:
+        proc.send_signal(signal.SIGTERM)  # drains, then stops the processes it started
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A cluster `ray start` made with token authentication on, as docs/scale-out.md asks: `ray start`
+    alone turns it on only where a token already is (~/.ray/auth_token, which an earlier test's local
+    Ray may or may not have made)."""
+    keep_token_private()  # the token, 0600, unless there is one: what a local Ray of a run makes
+    with started_head("token") as head:
+        yield head
 
 
 def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_dir, ray_head):
@@ -98,6 +109,19 @@ def test_joining_a_started_cluster_by_its_address_needs_its_token_and_says_so(ra
     joined = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
                             capture_output=True, text=True, timeout=300)
     assert joined.returncode == 0 and "joined 1" in joined.stdout, joined.stderr[-3000:]
+
+
+def test_joining_a_cluster_without_token_authentication_warns():
+    """A cluster `ray start` made without tokens (Ray's default where no token exists): anyone who reaches
+    it can run code in it. The run joins, as asked, and says so."""
+    with started_head("disabled") as head:
+        code = ("from agentrl.config import ClusterConfig\nfrom agentrl.run.cluster import connect\n"
+                f"connect(ClusterConfig(backend='ray', address='127.0.0.1:{head.port}'))\n")
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+        joined = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                                timeout=300)
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    assert "runs without token authentication: anyone who reaches it can run code" in joined.stderr, joined.stderr
 
 
 def launch(tmp_path: Path, model_dir: str, *args: str) -> tuple[subprocess.Popen, Path]:

@@ -155,14 +155,19 @@ def connect(cfg: ClusterConfig) -> None:
         try:
             ray.init(address=cfg.address, runtime_env=env, logging_level=logging.WARNING)
         except ConnectionError as exc:
-            # Ray logs the refusal (InvalidAuthToken) and raises as if nothing were there: say both.
+            # Ray logs the refusal (InvalidAuthToken) and raises as if nothing were there: say both. `ray.init`
+            # sends a token to an explicit address only under RAY_AUTH_MODE=token; `auto` sends one where a
+            # token exists on this machine.
             token = "" if token_auth_on() else (
-                ", or it refused this process for want of a token: a cluster with Ray's token authentication on "
-                "(a token on its nodes, or RAY_AUTH_MODE=token) is found so by `auto` on one of its nodes, not by "
-                "an address; set RAY_AUTH_MODE=token here (the token: RAY_AUTH_TOKEN, else ~/.ray/auth_token, "
-                "the head's)")
+                ", or the cluster refused this process for want of a token: to an address Ray sends one only with "
+                "RAY_AUTH_MODE=token (`auto` does where a token exists here); set RAY_AUTH_MODE=token (the token: "
+                "RAY_AUTH_TOKEN, else ~/.ray/auth_token, the head's)")
             raise ClusterError(f"cluster.address={cfg.address!r}: no Ray cluster there ({exc}); start one with "
                                f"`ray start --head`{token}") from None
+        if not token_auth_on():  # joined without a token: the cluster asks for none
+            log.warning("the Ray cluster at %s runs without token authentication: anyone who reaches it can run "
+                        "code in it; docs/scale-out.md (Token authentication) says how to turn it on",
+                        cfg.address)
     have = ray.cluster_resources()
     short = [f"{k}: needs {v:g}, the cluster has {have.get(k, 0):g}" for k, v in want.items() if v > have.get(k, 0)]
     if short:
