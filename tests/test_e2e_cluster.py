@@ -95,19 +95,24 @@ def test_two_engines_and_two_learner_ranks_on_a_started_cluster(tmp_path, model_
     assert all(r["policy/mismatch_abs"] < 1e-4 for r in records), [r["policy/mismatch_abs"] for r in records]
 
 
+def join_by_address(port: int, **env: str) -> subprocess.CompletedProcess:
+    """`connect()` of a fresh process to the cluster at 127.0.0.1:`port` by its address (RAY_AUTH_MODE and
+    RAY_ADDRESS only as `env` gives them); it prints `joined <nodes>`."""
+    code = ("from agentrl.config import ClusterConfig\nfrom agentrl.run.cluster import connect\n"
+            f"connect(ClusterConfig(backend='ray', address='127.0.0.1:{port}'))\n"
+            "import ray\nprint('joined', len(ray.nodes()))")
+    base = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**base, **env}, capture_output=True,
+                          text=True, timeout=300)
+
+
 def test_joining_a_started_cluster_by_its_address_needs_its_token_and_says_so(ray_head):
     """`cluster.address=HOST:PORT` of a cluster `ray start` made (token authentication on): without
     RAY_AUTH_MODE=token Ray is refused and raises as if nothing were there; the error says what to set,
     and with it set the same address joins."""
-    code = ("from agentrl.config import ClusterConfig\nfrom agentrl.run.cluster import connect\n"
-            f"connect(ClusterConfig(backend='ray', address='127.0.0.1:{ray_head.port}'))\n"
-            "import ray\nprint('joined', len(ray.nodes()))")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
-    refused = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=300)
+    refused = join_by_address(ray_head.port)
     assert refused.returncode != 0 and "set RAY_AUTH_MODE=token" in refused.stderr, refused.stderr[-3000:]
-    joined = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
-                            capture_output=True, text=True, timeout=300)
+    joined = join_by_address(ray_head.port, RAY_AUTH_MODE="token")
     assert joined.returncode == 0 and "joined 1" in joined.stdout, joined.stderr[-3000:]
 
 
@@ -115,11 +120,7 @@ def test_joining_a_cluster_without_token_authentication_warns():
     """A cluster `ray start` made without tokens (Ray's default where no token exists): anyone who reaches
     it can run code in it. The run joins, as asked, and says so."""
     with started_head("disabled") as head:
-        code = ("from agentrl.config import ClusterConfig\nfrom agentrl.run.cluster import connect\n"
-                f"connect(ClusterConfig(backend='ray', address='127.0.0.1:{head.port}'))\n")
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
-        joined = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                                timeout=300)
+        joined = join_by_address(head.port)
     assert joined.returncode == 0, joined.stderr[-3000:]
     assert "runs without token authentication: anyone who reaches it can run code" in joined.stderr, joined.stderr
 
