@@ -32,6 +32,9 @@ def summary(path: Path, limit: int = 110) -> str:
     """The first sentence of a module's docstring, on one line, cut at `limit` characters."""
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     text = " ".join(doc.split())
+    usage = re.match(r"`(python -m agentrl|agentrl )[^`]*`:\s*", text)  # a command's usage: what it does follows
+    if usage:
+        text = text[usage.end():usage.end() + 1].upper() + text[usage.end() + 1:]
     # the first ". ", ": " or "; " outside `code` ends the sentence
     ends = [m.start() for m in re.finditer(r"[.:;](\s|$)", text) if text[: m.start()].count("`") % 2 == 0]
     first = text[: ends[0]] if ends else text

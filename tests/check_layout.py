@@ -7,8 +7,8 @@
   * `agentrl/rollout` imports neither DeepSpeed nor `agentrl.learner`;
   * `rewards/` never imports `agentrl.learner`;
   * `agentrl/learner` imports nothing of `agentrl.rollout` (the weights' two ends meet in `agentrl.weights`);
-  * no component imports `agentrl.train` (the wiring sits on top), and nothing imports a command line as
-    `agentrl.commands.*` (agentrl/commands/ is on `agentrl.__path__`: `agentrl.train` is its one name);
+  * no component imports `agentrl.train` (the wiring sits on top), and nothing but tests imports
+    `agentrl.cli` (the `agentrl` script runs each command by its one module name, `agentrl.train`);
   * imports point down: every unit (the longest name in `TIERS` a module's name starts with: a package,
     a sub-package or one module) of `agentrl/`, `envs/` and `rewards/` sits in one tier of `TIERS`, and
     imports only units of its own tier or of tiers below;
@@ -31,7 +31,6 @@ CONFIG_MAY_IMPORT = ("agentrl.config", "agentrl.types", "agentrl.algo", "agentrl
 CONFIG_MAY_NOT = ("agentrl.rollout.tools.client", "agentrl.rollout.tools.budget", "agentrl.rollout.tools.counts")
 PROJECT = ("agentrl", "rewards", "envs", "examples", "bench", "tests")
 LIBRARY = ("agentrl", "envs", "rewards")  # what the tier and circle rules cover
-COMMANDS_DIR = ("agentrl", "commands")  # on agentrl.__path__: agentrl/commands/train.py is `agentrl.train`
 
 # Lowest first. A unit is the longest name listed here that a module's name starts with (a package, a
 # sub-package or one module); a unit may import its own tier and the tiers below, and within a tier the
@@ -55,17 +54,16 @@ TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("named pretrained models", ("agentrl.models",)),
     ("start-up: checks, building and stopping engines and ranks", ("agentrl.run.startup",)),
     ("one RL run: set-up, loop, checkpoints, clean-up", ("agentrl.run",)),
-    ("the command lines", ("agentrl.train", "agentrl.eval", "agentrl.serve", "agentrl.replay", "agentrl.check",
-                           "agentrl.stage_cli", "agentrl.lora_merge", "agentrl.sft", "agentrl.rm", "agentrl.prm",
-                           "agentrl.dpo", "agentrl.kto", "agentrl.view")),
+    ("the command lines, and the agentrl script that runs them",
+     ("agentrl.train", "agentrl.eval", "agentrl.serve", "agentrl.replay", "agentrl.check", "agentrl.stage_cli",
+      "agentrl.lora_merge", "agentrl.sft", "agentrl.rm", "agentrl.prm", "agentrl.dpo", "agentrl.kto", "agentrl.view",
+      "agentrl.cli")),
 )
 UNITS = {u for _, units in TIERS for u in units}
 
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
-    if tuple(parts[:2]) == COMMANDS_DIR and len(parts) == 3:
-        parts = ["agentrl", parts[2]]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -136,8 +134,8 @@ def rule_violations(module: str, name: str) -> str | None:
         return "agentrl/rollout knows nothing of DeepSpeed or agentrl.learner"
     if _within(module, ("rewards",)) and _within(name, ("agentrl.learner",)):
         return "rewards/ never imports agentrl.learner"
-    if _within(name, ("agentrl.commands",)):
-        return "the command lines are imported by their short names (agentrl.train), never as agentrl.commands.*"
+    if _within(name, ("agentrl.cli",)) and not _within(module, ("tests",)):
+        return "nothing imports agentrl.cli (the agentrl script runs the commands by name)"
     if _within(module, ("agentrl.learner",)) and _within(name, ("agentrl.rollout",)):
         return "agentrl/learner knows nothing of agentrl.rollout (weights go through agentrl.weights)"
     if module != "agentrl.train" and _within(name, ("agentrl.train",)) and not _within(module, ("tests",)):

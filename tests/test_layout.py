@@ -35,7 +35,7 @@ PLANTED = {
     "bench/long.py": ("x = 1\n" * 401, "401 lines"),
     "agentrl/run/buffer.py": ("def f():\n    from agentrl.rollout.pool import Producer\n", "imports point down: agentrl.run.buffer"),
     "agentrl/newroom.py": ("from agentrl.types import Episode\n", "agentrl.newroom is in no tier"),
-    "agentrl/rollout/cmd.py": ("from agentrl.commands.eval import main\n", "never as agentrl.commands"),
+    "agentrl/rollout/cmd.py": ("def f():\n    from agentrl.cli import main\n", "nothing imports agentrl.cli"),
     "agentrl/learner/bad.py": ("from agentrl.rollout.engine import Engine\n", "agentrl/learner knows nothing of agentrl.rollout"),
     "agentrl/utils/up.py": ("from agentrl.data.tasks import Task\n", "imports point down: agentrl.utils"),
 }

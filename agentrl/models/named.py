@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from agentrl.utils.files import build_folder, publish_folder
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 
 if TYPE_CHECKING:
     from agentrl.config import DefaultModelConfig
@@ -193,7 +194,7 @@ def prepare(name: str, dtype: str = "float32") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.models", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("models"), description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prepare", help="build a named model's (or the default's) Hugging Face folder in the "
                                           "cache; prints the folder")

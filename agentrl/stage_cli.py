@@ -24,6 +24,7 @@ from agentrl.config import ConfigError, load_config
 from agentrl.config.help import keys_help
 from agentrl.config.load import all_keys
 from agentrl.config.stages import STAGES, StageConfig
+from agentrl.utils.prog import prog
 
 log = logging.getLogger("agentrl")
 
@@ -70,7 +71,7 @@ def flag_of(key: str, stage: str) -> str | None:
 def stage_help(stage: str) -> str:
     """The usage above, then every key of this stage with its flag, default and description; the loss
     sections of the other stages (`dpo.*` under sft) are left out."""
-    title = (f"Keys of `python -m agentrl.{stage}` and their defaults. Set them in the YAML file given to "
+    title = (f"Keys of `{prog(stage)}` and their defaults. Set them in the YAML file given to "
              "--config, as dotted.key=value arguments, or by the bare flag shown before a key "
              "(--max_len 1024, --lora_rank 8; a flag without a value sets a boolean).")
     others = [name for name in STAGES if name != stage and name in StageConfig.model_fields]

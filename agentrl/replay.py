@@ -30,6 +30,7 @@ from agentrl.utils.files import atomic_write
 from agentrl.run.startup import input_error
 from agentrl.types import TRAINABLE_STATUSES, Episode
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 
 RESCORED = ("ok", "truncated", "reward_error")  # saved statuses whose episodes are scored again
 MAX_CONCURRENT = 32  # episodes scored at once (each source has its own cap as well)
@@ -155,7 +156,7 @@ def write_records(path: str, replayed: list[Replayed]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.replay", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("replay"), description=__doc__.splitlines()[0])
     parser.add_argument("rollouts", help="rollouts.jsonl written by a run with train.save_rollouts: true")
     parser.add_argument("--config", help="YAML config whose rewards section scores the episodes")
     parser.add_argument("--out", help="write the re-scored records here")

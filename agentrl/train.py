@@ -20,6 +20,7 @@ from agentrl.config import Config, ConfigError, load_config
 from agentrl.config.inert import inert_settings
 from agentrl.telemetry.metrics import print_summary, setup_logging
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 from agentrl.rollout.core_process import prestart_for
 from agentrl.run.rl_run import RLRun
 from agentrl.run.startup import Prepared, input_error, prepare
@@ -49,7 +50,7 @@ async def run(cfg: Config, prep: Prepared) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     from agentrl.config.help import keys_help
 
-    parser = argparse.ArgumentParser(prog="python -m agentrl.train", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog=prog("train"), description=__doc__.split("\n\n")[0],
                                      epilog=keys_help(Config), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file (defaults apply when omitted)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. buffer.max_staleness=2")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agentrl.config import ConfigError
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 
 ADAPTER_CONFIG = "adapter_config.json"
 _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -129,7 +130,7 @@ def merge(base: str | Path, lora: str | Path, out: str | Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     from agentrl.run.startup import input_error
 
-    parser = argparse.ArgumentParser(prog="python -m agentrl.lora_merge", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("lora_merge"), description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the base model's Hugging Face folder")
     parser.add_argument("--lora", required=True, help="the adapter folder (adapter_config.json + weights)")
     parser.add_argument("--out", required=True, help="where to write the merged model and tokenizer")

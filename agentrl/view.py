@@ -18,6 +18,7 @@ from pathlib import Path
 
 from agentrl.telemetry.viewer import Viewer
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 
 
 async def serve(run_dir: Path, host: str, port: int) -> None:
@@ -35,7 +36,7 @@ async def serve(run_dir: Path, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.view", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("view"), description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a run's train.out_dir (metrics.jsonl, rollouts.jsonl, summary.json)")
     parser.add_argument("--port", type=int, default=8500, help="TCP port (default 8500; 0 = any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")

@@ -46,6 +46,7 @@ from agentrl.rollout.round_trip import RoundTrip, decode, round_trip
 from agentrl.run.startup import Prepared, episode_spec, input_error, load_model_format, prepare, stop_agent_server
 from agentrl.types import TRAINABLE_STATUSES, Episode
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 
 DEFAULT_REPLY = "42"
 LABEL_WIDTH = 40
@@ -296,7 +297,7 @@ def summary_lines(played: Played, trips: list[RoundTrip], found: list[str], prep
 def _parser() -> argparse.ArgumentParser:
     from agentrl.config.help import keys_help
 
-    parser = argparse.ArgumentParser(prog="python -m agentrl.check", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog=prog("check"), description=__doc__.split("\n\n")[0],
                                      epilog=keys_help(Config), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file (defaults apply when omitted)")
     parser.add_argument("--tasks", type=int, default=4, help="episodes to play: the first N tasks of the split")

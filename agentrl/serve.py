@@ -28,6 +28,7 @@ from agentrl.config import ConfigError, load_config
 from agentrl.rollout.core_process import prestart_for
 from agentrl.run.startup import check_model, input_error, load_model_format
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 
 log = logging.getLogger("agentrl")
 
@@ -68,7 +69,7 @@ async def serve(cfg, ready: asyncio.Event | None = None, stop: asyncio.Event | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentrl.serve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("serve"), description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="model folder, named model, or 'default' (the embedded one)")
     parser.add_argument("--port", type=int, help="TCP port (default: server.port; 0 = any free port)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")

@@ -1,4 +1,4 @@
-"""Kahneman-Tversky optimisation on unpaired desirable/undesirable examples against the frozen starting model.
+"""Kahneman-Tversky optimisation: unpaired desirable/undesirable examples, against the frozen starting model.
 
     python -m agentrl.kto --config kto.yaml [dotted.key=value ...] [--input_key q --max_len 1024 ...]
 

@@ -27,6 +27,7 @@ from agentrl.run.startup import (Prepared, episode_spec, input_error, load_model
                              stop_workers)
 from agentrl.types import Episode
 from agentrl.utils.process_exit import run_and_exit
+from agentrl.utils.prog import prog
 
 log = logging.getLogger("agentrl")
 
@@ -160,7 +161,7 @@ def _write_json(path: str, report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     from agentrl.config.help import keys_help
 
-    parser = argparse.ArgumentParser(prog="python -m agentrl.eval", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog=prog("eval"), description=__doc__.split("\n\n")[0],
                                      epilog=keys_help(Config), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config file: env, held-out tasks, rollout and reward settings")
     parser.add_argument("--model", help="model folder or named model (default: the config's model.path)")
