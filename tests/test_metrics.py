@@ -224,7 +224,7 @@ def test_plot_run_draws_sparse_runs(tmp_path, records):
     assert [p.name for p in tmp_path.iterdir()] == ["c.png"]  # the temporary file was renamed
 
 
-@pytest.mark.parametrize(("logger", "module", "requirement"), [("wandb", "wandb", "wandb>=0.17"),
+@pytest.mark.parametrize(("logger", "module", "requirement"), [("wandb", "wandb", "./scripts/install.sh wandb"),
                                                                  ("tensorboard", "torch.utils.tensorboard",
                                                                   "tensorboard>=2.16")])
 def test_a_missing_logger_package_names_the_setting(tmp_path, monkeypatch, logger, module, requirement):

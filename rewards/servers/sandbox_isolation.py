@@ -173,7 +173,8 @@ def choose(name: IsolationName, python: str, uid: int | None) -> Isolation:
     for candidate in (("bwrap", "unshare") if name == "auto" else (name,)):
         tool = shutil.which(candidate)
         if tool is None:
-            failures.append(f"{candidate}: not found on PATH")
+            failures.append(f"{candidate}: not found on PATH" + (" (./scripts/install.sh sandbox installs bubblewrap)"
+                                                                  if candidate == "bwrap" else ""))
             continue
         isolation = Isolation(candidate, python, layout, tool, uid, setpriv)
         why = _probe(isolation)
