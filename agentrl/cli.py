@@ -116,4 +116,3 @@ def main(argv: list[str] | None = None, out: TextIO | None = None, err: TextIO |
     if head not in COMMANDS:
         return unknown(head, err)
     return run(head, rest)
-
