@@ -4,6 +4,9 @@ Collected: every command of a fenced ```bash block in README.md, the docs site's
 and examples/**/README.md, in that order (backslash-continued lines joined, trailing `# comments`
 dropped, `./scripts/install.sh &&` dropped: the suite runs after install) and every examples/agents/*.yaml.
 
+A command of the `agentrl` script, `agentrl CMD ARGS` (or `.venv/bin/agentrl CMD ARGS`), is read as the
+`python -m agentrl.CMD ARGS` it runs (agentrl.cli; tests/test_cli.py runs both forms side by side).
+
 A block or a command that cannot run here is marked in the markdown by an HTML comment on the lines
 just above the fence (invisible in the rendered page):
 
@@ -29,6 +32,8 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrl.cli import COMMANDS as SCRIPT_COMMANDS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 MARKER = re.compile(r"<!--\s*doc-test:(.*?)-->")
@@ -38,6 +43,8 @@ FENCE_OPEN = re.compile(r"^(?P<indent>\s*)```bash\s*$")
 FENCE_CLOSE = re.compile(r"^\s*```\s*$")
 INSTALL = re.compile(r"^\./scripts/install\.sh\s*&&\s*")
 PYTHON = re.compile(r"(?:(?<=^)|(?<=[\s($;&|]))(?:\.venv/bin/)?python3?(?=\s)")
+SCRIPT_FORM = re.compile(r"(?:(?<=^)|(?<=[\s($;&|]))(?:\.venv/bin/)?agentrl\s+(%s)(?=[\s);&|`]|$)"
+                         % "|".join(SCRIPT_COMMANDS))
 ASSIGNMENTS = re.compile(r"^(?:[A-Za-z_]\w*=(?:\$\([^)]*\)|[^\s;$()]+)\s*(?:;\s*|$))+$")
 
 # Tiny size. The embedded default model's warm start is cut to 2 steps (its full 300 take ~20 minutes on
@@ -192,7 +199,7 @@ def collect(root: Path = ROOT) -> list[Command]:
     cmds = [c for path in doc_files(root) for c in collect_markdown(path, root)]
     trained = set()
     for c in cmds:
-        m = re.search(r"agentrl\.train\b.*?--config\s+(\S+)", c.text)
+        m = re.search(r"agentrl\.train\b.*?--config\s+(\S+)", as_module(c.text))
         if m:  # a marked one too: its marker says why the yaml is not run here
             trained.add(m[1])
     for yaml in sorted((root / "examples" / "agents").glob("*.yaml")):
@@ -200,6 +207,11 @@ def collect(root: Path = ROOT) -> list[Command]:
         if rel not in trained:
             cmds.append(Command(rel, 1, f"python -m agentrl.train --config {rel}", rel))
     return cmds
+
+
+def as_module(text: str) -> str:
+    """`text` with each `agentrl CMD` of the script written as the `python -m agentrl.CMD` it runs."""
+    return SCRIPT_FORM.sub(lambda m: f"python -m agentrl.{m[1]}", text)
 
 
 def quote(tok: str) -> str:
@@ -263,7 +275,7 @@ def _train_config(argv: list[str]):
 
 def adapt(cmd: Command, python: str) -> Plan:
     """How to run `cmd` at a tiny size in a sandbox (a folder that mirrors the repo's top level)."""
-    text = PYTHON.sub(lambda _: shlex.quote(python), cmd.text)
+    text = PYTHON.sub(lambda _: shlex.quote(python), as_module(cmd.text))
     text = tiny_prepare(text)
     if ASSIGNMENTS.match(text):
         return Plan("assign", text)
@@ -295,7 +307,7 @@ def adapt(cmd: Command, python: str) -> Plan:
     if module in STAGES:
         flags = dict(TINY_STAGE)
         out = _flag_value(args, "--out")
-        if out and re.search(rf"agentrl\.lora_merge\b.*--lora\s+{re.escape(out)}(\s|$)", cmd.block_text):
+        if out and re.search(rf"agentrl\.lora_merge\b.*--lora\s+{re.escape(out)}(\s|$)", as_module(cmd.block_text)):
             flags["--lora_rank"] = "4"  # the block merges this run's adapter: it must be a LoRA run
         if out is None:
             raise CannotAdapt(f"{cmd.id}: a stage command without --out")
@@ -315,7 +327,7 @@ def distinguishing(cmd: Command) -> str:
     """What a test that runs `cmd` must name: the `--config` yaml of `agentrl.train` (the module when it
     has none), the module of another `python -m`, the script of `bash SCRIPT`."""
     try:
-        argv = shlex.split(cmd.text)
+        argv = shlex.split(as_module(cmd.text))
     except ValueError as exc:
         raise CannotAdapt(f"{cmd.id}: cannot parse `{cmd.text}`: {exc}") from None
     while argv and re.fullmatch(r"[A-Za-z_]\w*=.*", argv[0]):

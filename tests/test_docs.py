@@ -358,6 +358,30 @@ def test_a_run_by_pointer_is_checked(tmp_path):
     assert "there is no tests/test_y.py" in check(cmd("python -m agentrl.serve", "tests/test_y.py::test_a"))
 
 
+def test_the_agentrl_script_is_read_as_the_python_m_it_runs(tmp_path):
+    """`agentrl CMD ARGS` in a block is collected as written and adapted, pointed at and counted as
+    trained exactly as `python -m agentrl.CMD ARGS` (tests/test_cli.py: the two forms run the same)."""
+    assert doc_blocks.as_module("agentrl train --config a.yaml x=1; .venv/bin/agentrl sft --out o &") == \
+        "python -m agentrl.train --config a.yaml x=1; python -m agentrl.sft --out o &"
+    assert doc_blocks.as_module("W=$(agentrl models prepare default)") == "W=$(python -m agentrl.models prepare default)"
+    for same in ("agentrl --help", "agentrl trian", "runs/agentrl train", "pip install agentrl", "agentrl.train"):
+        assert doc_blocks.as_module(same) == same
+    (tmp_path / "examples" / "agents").mkdir(parents=True)
+    (tmp_path / "examples" / "agents" / "a.yaml").write_text("train: {steps: 1}\n")
+    (tmp_path / "README.md").write_text(
+        "```bash\nagentrl train --config examples/agents/a.yaml\nagentrl sft --model m --out o\n"
+        "agentrl lora_merge --base m --lora o --out merged\n```\n")
+    cmds = doc_blocks.collect(tmp_path)  # a.yaml is trained by the page: not listed again
+    assert [c.text for c in cmds] == ["agentrl train --config examples/agents/a.yaml", "agentrl sft --model m --out o",
+                                      "agentrl lora_merge --base m --lora o --out merged"]
+    plan = adapt(cmds[1], "/py")
+    assert plan.kind == "stage" and plan.script.startswith("/py -m agentrl.sft --model m --out o ")
+    assert "--lora_rank 4" in plan.script  # the block merges its adapter, named in the script form too
+    assert adapt(cmds[2], "/py").script == "/py -m agentrl.lora_merge --base m --lora o --out merged"
+    assert doc_blocks.distinguishing(cmds[0]) == "examples/agents/a.yaml"
+    assert doc_blocks.distinguishing(cmds[1]) == "agentrl.sft"
+
+
 def test_the_collector_reads_every_doc(tmp_path):
     """Cheap checks of the collector itself: continuation lines, comments, markers, and the yaml files."""
     (tmp_path / "examples" / "x").mkdir(parents=True)
