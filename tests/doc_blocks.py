@@ -2,7 +2,12 @@
 
 Collected: every command of a fenced ```bash block in README.md, the docs site's pages (docs/**/*.md)
 and examples/**/README.md, in that order (backslash-continued lines joined, trailing `# comments`
-dropped, `./scripts/install.sh &&` dropped: the suite runs after install) and every examples/agents/*.yaml.
+dropped, `./scripts/install.sh &&` dropped: the suite runs after install) and every examples/agents/*.yaml
+and examples/tutorials/*.yaml.
+
+A tutorial page (docs/tutorials/*.md) is one block: its steps build on each other (the viewer step opens
+the run the train step made), so its commands share one sandbox, in page order, and a failed step fails
+the steps after it.
 
 A command of the `agentrl` script, `agentrl CMD ARGS` (or `.venv/bin/agentrl CMD ARGS`), is read as the
 `python -m agentrl.CMD ARGS` it runs (agentrl.cli; tests/test_cli.py runs both forms side by side).
@@ -59,7 +64,8 @@ STEPS = 2
 STAGES = ("agentrl.sft", "agentrl.rm", "agentrl.prm", "agentrl.dpo", "agentrl.kto")
 # Modules that serve HTTP on `--port`, and the GET that answers once they are ready.
 SERVERS = {"agentrl.serve": "/v1/models", "rewards.servers.tools": "/health", "rewards.servers.verifier": "/health",
-           "rewards.servers.sandbox": "/health"}
+           "rewards.servers.sandbox": "/health", "agentrl.view": "/api/run"}
+TUTORIALS = "docs/tutorials/"
 
 
 class CannotAdapt(Exception):
@@ -85,7 +91,7 @@ class Command:
 @dataclass
 class Plan:
     """How to run one command here and what its success looks like."""
-    kind: str                              # train | stage | merge | prepare | server | pipeline | assign
+    kind: str                              # train | stage | merge | prepare | check | server | pipeline | assign
     script: str                            # bash, run in the block's sandbox
     env: dict[str, str] = field(default_factory=dict)
     out_dir: str | None = None             # train/stage/merge/pipeline: where the result must be
@@ -162,7 +168,7 @@ def collect_markdown(path: Path, root: Path = ROOT) -> list[Command]:
         while j < len(lines) and not FENCE_CLOSE.match(lines[j]):
             j += 1
         body = lines[body_start:j]
-        block_id = f"{rel}:{fence + 1}"
+        block_id = rel if rel.startswith(TUTORIALS) else f"{rel}:{fence + 1}"
         cmds: list[Command] = []
         k = 0
         while k < len(body):
@@ -195,14 +201,16 @@ def collect_markdown(path: Path, root: Path = ROOT) -> list[Command]:
 
 
 def collect(root: Path = ROOT) -> list[Command]:
-    """Every documented command, then every examples/agents/*.yaml no documented command trains."""
+    """Every documented command, then every examples/agents/*.yaml and examples/tutorials/*.yaml no
+    documented command trains."""
     cmds = [c for path in doc_files(root) for c in collect_markdown(path, root)]
     trained = set()
     for c in cmds:
         m = re.search(r"agentrl\.train\b.*?--config\s+(\S+)", as_module(c.text))
         if m:  # a marked one too: its marker says why the yaml is not run here
             trained.add(m[1])
-    for yaml in sorted((root / "examples" / "agents").glob("*.yaml")):
+    for yaml in [*sorted((root / "examples" / "agents").glob("*.yaml")),
+                 *sorted((root / "examples" / "tutorials").glob("*.yaml"))]:
         rel = yaml.relative_to(root).as_posix()
         if rel not in trained:
             cmds.append(Command(rel, 1, f"python -m agentrl.train --config {rel}", rel))
@@ -304,6 +312,15 @@ def adapt(cmd: Command, python: str) -> Plan:
         if cfg.model.path is None and cfg.model.default.sft_steps > 0:
             extra += [f"model.default.{k}={v}" for k, v in TINY_DEFAULT.items()]
         return Plan("train", " ".join(quote(t) for t in head + args + extra), out_dir=cfg.train.out_dir)
+    if module == "agentrl.check":  # a dry run: the config's env on the tiny-warm-started default model
+        try:
+            cfg = _train_config(args)
+        except CannotAdapt as exc:
+            raise CannotAdapt(f"{cmd.id}: `{cmd.text}`: {exc}") from None
+        extra = []
+        if cfg.model.path is None and cfg.model.default.sft_steps > 0:
+            extra = [f"model.default.{k}={v}" for k, v in TINY_DEFAULT.items()]
+        return Plan("check", " ".join(quote(t) for t in head + args + extra))
     if module in STAGES:
         flags = dict(TINY_STAGE)
         out = _flag_value(args, "--out")

@@ -25,18 +25,21 @@ merges their adapter with `agentrl.lora_merge --lora <their --out>`); `examples/
 RL_STEPS=2 SFT_STEPS=2 RM_STEPS=2 SAMPLES=1 EVAL_TASKS=4. A command that is the same as an earlier one once shrunk
 in the same block (`RL_STEPS=120 bash examples/pipeline/run.sh`) is skipped, naming the one that ran.
 
-Servers. A command of a module that serves HTTP (doc_blocks.SERVERS: agentrl.serve,
-rewards.servers.tools, rewards.servers.verifier) with a `--port` flag is a server:
+`python -m agentrl.check` (a dry run) gets the 2-step warm start when its config builds the default model.
+
+Servers. A command of a module that serves HTTP (doc_blocks.SERVERS: agentrl.serve, rewards.servers.tools,
+rewards.servers.verifier, rewards.servers.sandbox, agentrl.view) with a `--port` flag is a server:
 - ending in `&`, it is started in the background, waited on until its port accepts connections, and
   stopped when the last command of its block has run;
 - otherwise (it would run until stopped) it is started, waited on until GET <probe> on its port answers
-  200 (`/v1/models` for agentrl.serve, `/health` for the tool and verifier servers), then stopped.
+  200 (`/v1/models` for agentrl.serve, `/health` for the tool and verifier servers, `/api/run` for the
+  viewer), then stopped.
 
 Success: exit 0; a train run's `summary.json` and a `metrics.jsonl` of 2 lines; a stage run's
 `summary.json` with 2 steps; `agentrl.models prepare` prints one line, an existing folder, and nothing
-else on stdout; the pipeline's PPO stage trained 2 steps on the reward sources its REWARD names and it printed its
-summary, and a run.sh after another in the same block (`REWARD=rm bash ...`) reused the data, SFT and RM stages
-and left the first run's PPO in place.
+else on stdout; `agentrl.check`'s last line is its "check passed" verdict; the pipeline's PPO stage trained
+2 steps on the reward sources its REWARD names and it printed its summary, and a run.sh after another in the
+same block (`REWARD=rm bash ...`) reused the data, SFT and RM stages and left the first run's PPO in place.
 
 Started as: train and stage commands fork from tests/warm_python.py's warm interpreter, as the
 end-to-end tests' do (FORKED_KINDS: the argv bash would run), and so do run.sh's own stages (its
@@ -304,6 +307,8 @@ def run_plan(cmd: Command, plan, block: Block, env: dict) -> None:
     elif plan.kind == "stage":
         summary = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == STEPS, f"{where}: {summary['steps']} steps"
+    elif plan.kind == "check":
+        assert proc.stdout.rstrip().splitlines()[-1].startswith("check passed"), f"{where}: {proc.stdout[-3000:]}"
     elif plan.kind == "merge":
         assert (out / "config.json").is_file(), f"{where}: no merged model in {out}"
     elif plan.kind == "pipeline":

@@ -13,7 +13,8 @@ from agentrl.config.load import load_config
 from agentrl.run.startup import prepare
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "examples" / "agents").glob("*.yaml"))
+EXAMPLES = sorted(p.relative_to(REPO).as_posix() for folder in ("agents", "tutorials")
+                  for p in (REPO / "examples" / folder).glob("*.yaml"))
 
 
 def test_the_ecosystem_examples_are_among_them():
