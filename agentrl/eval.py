@@ -200,7 +200,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     print(format_report(report))
     if args.json:
-        _write_json(args.json, report)
+        from agentrl.utils.outputs import free_file
+
+        path = free_file(args.json)  # an earlier report is kept: this one gets name-2.json
+        _write_json(str(path), report)
+        print(f"report written to {path}")
     return 0
 
 

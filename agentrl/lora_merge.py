@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from agentrl.config import ConfigError
+from agentrl.utils.outputs import check_apart, claim_folder
 from agentrl.utils.process_exit import run_and_exit
 from agentrl.utils.prog import prog
 
@@ -38,8 +40,16 @@ def check_folders(base: Path, lora: Path, out: Path) -> None:
         raise ConfigError(f"--lora {lora}: the folder has no {ADAPTER_CONFIG} (not a peft adapter folder)")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; pass a folder")
-    if out.resolve() in (base.resolve(), lora.resolve()):
-        raise ConfigError(f"--out {out} is an input folder; write the merged model elsewhere")
+    check_apart(out, "--out", {"--base": base, "--lora": lora})  # equal to, inside or holding an input
+
+
+def free_folder(out: Path) -> Path:
+    """`out`, or the next free `out-N` when it holds a model or a run already (kept as it is), taken now."""
+    folder = claim_folder(out)
+    if folder != out:
+        print(f"--out {out} already holds a model or a run, which is kept as it is: writing to {folder}",
+              file=sys.stderr)
+    return folder
 
 
 def _read_json(path: Path, flag: str) -> dict:
@@ -120,7 +130,7 @@ def merge(base: str | Path, lora: str | Path, out: str | Path) -> Path:
         read_bin_weights(lora / _ADAPTER_WEIGHTS[1])  # refused here with its name, not deep inside peft
     peft_model = PeftModel.from_pretrained(load_base(base, lora), lora, is_trainable=False)
     merged = peft_model.merge_and_unload()
-    out.mkdir(parents=True, exist_ok=True)
+    out = free_folder(out)  # taken once there is something to write
     # transformers 5 always writes safetensors (the flag is ignored there; 4.x honours it)
     merged.save_pretrained(out, safe_serialization=True)
     load_tokenizer(lora if has_tokenizer(lora) else base).save_pretrained(out)

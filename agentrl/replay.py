@@ -170,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             check_sources(cfg.rewards)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if args.out:
+            from agentrl.utils.outputs import check_apart
+
+            check_apart(args.out, "--out", {"rollouts": args.rollouts})
         replayed = rebuild(args.rollouts, read_records(args.rollouts))
     except ConfigError as exc:  # DataError included
         return input_error(exc)
@@ -179,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         metrics = runner.run(rescore(replayed, cfg.rewards))
     print(format_summary(args.rollouts, summarize(replayed, metrics)))
     if args.out:
-        write_records(args.out, replayed)
+        from agentrl.utils.outputs import free_file
+
+        out = free_file(args.out)  # never over an existing file (an earlier replay's, a run's own)
+        write_records(str(out), replayed)
+        print(f"re-scored records written to {out}")
     return 0
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from agentrl.config import ConfigError, load_config
@@ -154,7 +156,25 @@ def run(stage: str, cfg: StageConfig, show: bool = True) -> dict[str, Any]:
     stats = {"rows": built.rows, "train": len(built.train), "eval": len(built.eval), "dropped": built.dropped}
     log.info("%s: %d training and %d held-out samples from %s; dropped %s", stage, len(built.train),
              len(built.eval), cfg.data.paths, built.dropped or "none")
+    cfg.train.out_dir = str(output_folder(cfg.train.out_dir, model_path))
     return run_stage(kind, cfg, model_path, built.train, built.eval, tokenizer, stats, show)
+
+
+def output_folder(out_dir: str, model_path: str) -> Path:
+    """The folder a stage writes: never its input model's (ConfigError), never one that holds a run or a
+    model already, which gets the next free `<out_dir>-N` instead (agentrl.utils.outputs). Rank 0 takes
+    it; under torchrun the other ranks write nothing there."""
+    from agentrl.utils.outputs import check_apart, claim_folder, run_files
+
+    check_apart(out_dir, "train.out_dir", {"model.path": model_path})
+    if int(os.environ.get("RANK", "0")) != 0:
+        return Path(out_dir)
+    folder = claim_folder(out_dir)
+    if folder != Path(out_dir).expanduser():
+        held = ", ".join(f for f in run_files(out_dir) if not f.startswith("."))
+        log.warning("train.out_dir=%s already holds a run or a model (%s), which is kept as it is: this stage "
+                    "writes to %s", out_dir, held, folder)
+    return folder
 
 
 def main(stage: str, argv: list[str] | None = None) -> int:

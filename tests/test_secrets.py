@@ -83,9 +83,9 @@ def test_summary_json_and_metrics_hold_no_key(tmp_path, monkeypatch):
     path = sink.write_summary({"model": "m", "config": cfg.model_dump(), "extra": SecretStr(KEY)})
     text = "".join(f.read_text() for f in tmp_path.iterdir() if f.suffix in (".json", ".jsonl"))
     assert {f.name for f in tmp_path.iterdir() if f.suffix in (".json", ".jsonl")} == {
-        "summary.json", "metrics.jsonl", "config.json"}
+        "summary.json", "metrics.jsonl", "run_config.json"}
     summary = json.loads(path.read_text())
-    assert json.loads((tmp_path / "config.json").read_text())["server"]["api_key"] == REDACTED
+    assert json.loads((tmp_path / "run_config.json").read_text())["server"]["api_key"] == REDACTED
     assert KEY not in text
     assert summary["config"]["server"]["api_key"] == REDACTED and summary["extra"] == REDACTED
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["note"] == f"Bearer {REDACTED}"

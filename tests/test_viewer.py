@@ -344,7 +344,7 @@ def test_learner_values_follow_the_batch_rows():
 
 
 def test_a_running_run_shows_its_config(tmp_path):
-    """Before summary.json exists, the page's config comes from config.json, which the run's sink writes
+    """Before summary.json exists, the page's config comes from run_config.json, which the run's sink writes
     when training starts (the same dump summary.json gets, secrets masked: tests/test_secrets.py)."""
     from agentrl.telemetry.metrics import MetricsSink
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from agentrl.config import Config, ConfigError
 from agentrl.data import Task
 from agentrl.env import Env
+from agentrl.run.placement import RunPlace, place_run
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class Prepared:
     train_tasks: list[Task]
     eval_tasks: list[Task]
     resume: Path | None = None  # the checkpoint folder a resumed run continues from
+    place: RunPlace | None = None  # where a training run writes (agentrl.run.placement)
 
 
 def prepare(cfg: Config) -> Prepared:
@@ -153,20 +155,20 @@ def prepare(cfg: Config) -> Prepared:
         check_sources(cfg.rewards)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    from agentrl.run.checkpoint import CheckpointError, resolve_resume
+    from agentrl.run.checkpoint import CheckpointError
     from agentrl.telemetry.trackers import check_available
 
     check_available(cfg.train.loggers)
 
     try:
-        resume = resolve_resume(cfg.train.resume, cfg.train.out_dir)
+        place = place_run(cfg.train.resume, cfg.train.out_dir)
     except CheckpointError as exc:
         raise ConfigError(str(exc)) from None
     try:  # last: nothing starts for a run whose input is wrong
         env_cls.prestart(**cfg.env.kwargs)
     except TypeError as exc:
         raise ConfigError(f"env.kwargs: {exc}") from None
-    return Prepared(env_cls, train_tasks, eval_tasks, resume)
+    return Prepared(env_cls, train_tasks, eval_tasks, place.resume, place)
 
 
 def _load_tasks(cfg: Config, env_cls: type[Env]) -> tuple[list[Task], list[Task]]:

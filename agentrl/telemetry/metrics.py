@@ -34,6 +34,8 @@ from agentrl.telemetry.plot import plot_run
 from agentrl.utils.stdio import route_library_output
 from agentrl.telemetry.trackers import flat_scalars, make_trackers
 
+RUN_CONFIG = "run_config.json"  # the run's config as the sink writes it at start
+
 log = logging.getLogger(__name__)
 
 
@@ -189,8 +191,9 @@ class MetricsSink:
         self.path = self.dir / "metrics.jsonl"
         # Trackers first: a missing package fails the run before metrics.jsonl is touched.
         self.trackers = make_trackers(loggers, self.dir, start_step, wandb_project, run_config)
-        if run_config is not None:  # the config from the first step on (agentrl.view reads a running run's)
-            atomic_write(self.dir / "config.json", json.dumps(_clean(run_config), indent=2) + "\n")
+        if run_config is not None:  # the config from the first step on (agentrl.view reads a running run's);
+            # not config.json: a stage saves its model's Hugging Face config.json into the same folder
+            atomic_write(self.dir / RUN_CONFIG, json.dumps(_clean(run_config), indent=2) + "\n")
         restart_jsonl_at(self.path, start_step)
         self._file = self.path.open("a")
         self._next_step = start_step
@@ -267,6 +270,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     evals = [res["seconds"] for res in (before, after) if res and res.get("seconds") is not None]
     eval_time = f", held-out evals {sum(evals):.0f}s" if evals else ""
     lines.append(f"RL time {train.get('seconds', 0):.0f}s{eval_time}, total wall time {summary.get('wall_s', 0):.0f}s")
+    if summary.get("out_dir"):
+        lines.append(f"run folder                      : {summary['out_dir']}")
     if "saved_model" in summary:
         lines.append(f"trained model                   : {summary['saved_model']}")
     if summary.get("plot"):

@@ -133,8 +133,8 @@ class Viewer:
     async def run(self, request: web.Request) -> web.Response:
         self.files.refresh()
         summary = self.files.summary() or {}
-        config = summary.pop("config", None) or self.files.config()  # a running run: config.json
-        found = [n for n in ("metrics.jsonl", "summary.json", "config.json", "rollouts.jsonl", "eval_episodes.jsonl",
+        config = summary.pop("config", None) or self.files.config()  # a running run: run_config.json
+        found = [n for n in ("metrics.jsonl", "summary.json", "run_config.json", "rollouts.jsonl", "eval_episodes.jsonl",
                              "curves.png")
                  if (self.files.root / n).is_file()]
         return web.json_response({"name": self.files.root.resolve().name, "summary": summary or None,

@@ -175,8 +175,12 @@ class RunFiles:
         return self._json("summary.json")
 
     def config(self) -> dict[str, Any] | None:
-        """The run's config.json (written when training starts, secrets masked), or None."""
-        return self._json("config.json")
+        """The run's run_config.json (written when training starts, secrets masked), or None; a run of an
+        older agentrl wrote it as config.json (a model's config.json has no "train" section)."""
+        config = self._json("run_config.json")
+        if config is None and "train" in (old := self._json("config.json") or {}):
+            return old
+        return config
 
     def _json(self, name: str) -> dict[str, Any] | None:
         path = inside(self.root, name)

@@ -156,7 +156,8 @@ def restart_jsonl_at(path: str | Path, start_step: int) -> int:
     for byte and the rewrite is atomic. Returns the rows dropped."""
     path = Path(path)
     if start_step <= 0 or not path.exists():
-        path.write_bytes(b"")
+        # a new file, not the old one emptied: a link to the old one (a set-aside copy) keeps its rows
+        atomic_write(path, b"")
         return 0
     kept: list[bytes] = []
     dropped = 0

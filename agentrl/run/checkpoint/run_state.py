@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from agentrl.utils import faults
 from agentrl.run.checkpoint.codec import CheckpointError, decode, encode
-from agentrl.run.checkpoint.store import DRIVER_FILE, LEARNER_DIR, MANIFEST, CheckpointStore
+from agentrl.run.checkpoint.store import ABANDONED, DRIVER_FILE, LEARNER_DIR, MANIFEST, CheckpointStore
 from agentrl.types import Group
 
 FORMAT = "agentrl.driver"
@@ -150,7 +150,9 @@ def resolve_resume(resume: str | None, out_dir: str | Path) -> Path | None:
     if not (folder / DRIVER_FILE).is_file() or not (folder / LEARNER_DIR).is_dir():
         raise CheckpointError(f"train.resume={resume!r}: {_missing_driver(folder)}")
     store = CheckpointStore(folder.parent.parent)
-    if folder.resolve() not in [p.resolve() for p in store.complete()]:
+    # one set aside by a rollback was complete when it moved (only complete ones move), and has no row
+    set_aside = folder.parent.name.startswith(ABANDONED) and folder.parent.parent.name == "checkpoints"
+    if not set_aside and folder.resolve() not in [p.resolve() for p in store.complete()]:
         raise CheckpointError(f"train.resume={resume!r}: this checkpoint has no row in "
                               f"{folder.parent / MANIFEST}; it was cut off mid-write")
     check_loadable(folder)

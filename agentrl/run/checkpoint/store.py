@@ -114,12 +114,7 @@ class CheckpointStore:
         later = [f for f in self.complete() if int(f.name.removeprefix("step_")) > step]
         if not later:
             return None
-        aside = self.root / (ABANDONED + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
-        while aside.exists():  # two rollbacks within a second
-            aside = aside.with_name(aside.name + "+")
-        aside.mkdir()
-        for name in RUN_FILES:
-            _link_or_copy(self.root.parent / name, aside / name)
+        aside = self._aside()
         # folders first, then the rows: a kill in between leaves rows without folders, which count for nothing
         for folder in later:
             os.replace(folder, aside / folder.name)
@@ -128,6 +123,25 @@ class CheckpointStore:
         atomic_write(self.root / MANIFEST, "".join(json.dumps(row) + "\n" for row in kept))
         log.warning("rolled back to step %d: the later checkpoint(s) %s moved to %s (not deleted; remove that "
                     "folder yourself when you no longer need them)", step, ", ".join(f.name for f in later), aside)
+        return aside
+
+    def set_aside_run_files(self) -> Path:
+        """Before an interrupted run without a checkpoint starts over at step 0: its metrics, rollouts and
+        eval episodes as they are, linked into `checkpoints/abandoned-<UTC time>/` (the new run's files
+        replace them with new inodes, `restart_jsonl_at`). Returns that folder."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        aside = self._aside()
+        _fsync_dir(self.root)
+        return aside
+
+    def _aside(self) -> Path:
+        """A new `abandoned-<UTC time>` folder holding links to the run's per-step files as they are."""
+        aside = self.root / (ABANDONED + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+        while aside.exists():  # two rollbacks within a second
+            aside = aside.with_name(aside.name + "+")
+        aside.mkdir()
+        for name in RUN_FILES:
+            _link_or_copy(self.root.parent / name, aside / name)
         return aside
 
     def _prune(self) -> None:
