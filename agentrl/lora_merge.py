@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from agentrl.config import ConfigError
-from agentrl.utils.outputs import check_apart, claim_folder
+from agentrl.utils.outputs import apart_error, claim_folder
 from agentrl.utils.process_exit import run_and_exit
 from agentrl.utils.prog import prog
 
@@ -40,7 +40,8 @@ def check_folders(base: Path, lora: Path, out: Path) -> None:
         raise ConfigError(f"--lora {lora}: the folder has no {ADAPTER_CONFIG} (not a peft adapter folder)")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; pass a folder")
-    check_apart(out, "--out", {"--base": base, "--lora": lora})  # equal to, inside or holding an input
+    if error := apart_error(out, "--out", {"--base": base, "--lora": lora}):  # equal to, inside or holding one
+        raise ConfigError(error)
 
 
 def free_folder(out: Path) -> Path:

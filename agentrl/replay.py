@@ -171,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         if args.out:
-            from agentrl.utils.outputs import check_apart
+            from agentrl.utils.outputs import apart_error
 
-            check_apart(args.out, "--out", {"rollouts": args.rollouts})
+            if error := apart_error(args.out, "--out", {"rollouts": args.rollouts}):
+                raise ConfigError(error)
         replayed = rebuild(args.rollouts, read_records(args.rollouts))
     except ConfigError as exc:  # DataError included
         return input_error(exc)

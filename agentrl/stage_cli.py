@@ -164,9 +164,10 @@ def output_folder(out_dir: str, model_path: str) -> Path:
     """The folder a stage writes: never its input model's (ConfigError), never one that holds a run or a
     model already, which gets the next free `<out_dir>-N` instead (agentrl.utils.outputs). Rank 0 takes
     it; under torchrun the other ranks write nothing there."""
-    from agentrl.utils.outputs import check_apart, claim_folder, run_files
+    from agentrl.utils.outputs import apart_error, claim_folder, run_files
 
-    check_apart(out_dir, "train.out_dir", {"model.path": model_path})
+    if error := apart_error(out_dir, "train.out_dir", {"model.path": model_path}):
+        raise ConfigError(error)
     if int(os.environ.get("RANK", "0")) != 0:
         return Path(out_dir)
     folder = claim_folder(out_dir)

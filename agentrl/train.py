@@ -23,7 +23,7 @@ from agentrl.utils.process_exit import run_and_exit
 from agentrl.utils.prog import prog
 from agentrl.rollout.core_process import prestart_for
 from agentrl.run.rl_run import RLRun
-from agentrl.run.placement import claim_run
+from agentrl.run.checkpoint.placement import claim_run
 from agentrl.run.startup import Prepared, input_error, prepare
 
 log = logging.getLogger("agentrl")

@@ -1,5 +1,5 @@
 """A command typed twice never writes into another run's files (agentrl.utils.outputs,
-agentrl.run.placement; docs/durability.md, "Running a command again"): what counts as a folder that
+agentrl.run.checkpoint.placement; docs/durability.md, "Running a command again"): what counts as a folder that
 holds a run, the numbered folder a fresh run takes instead, which run `train.resume=auto` continues,
 a set-aside checkpoint resumed like any other, checkpoint pruning that stays within its own run, and
 outputs that would write over their input refused by name. Real files in tmp_path; no engine."""
@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.config import ConfigError
 from agentrl.learner.state import save_state
 from agentrl.run.checkpoint import CheckpointStore, RunState, resolve_resume, save_run_state
-from agentrl.run.placement import claim_run, place_run
+from agentrl.run.checkpoint.placement import claim_run, place_run
 from agentrl.utils.files import restart_jsonl_at
-from agentrl.utils.outputs import CLAIM, check_apart, claim_folder, free_file, newest_run, next_free, run_files
+from agentrl.utils.outputs import CLAIM, apart_error, claim_folder, free_file, newest_run, next_free, run_files
 
 
 def _fill(step: int):
@@ -179,12 +178,9 @@ def test_an_output_is_never_its_input(tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     for out, how in ((model, "is"), (model / "sub", "is inside"), (tmp_path, "contains")):
-        with pytest.raises(ConfigError) as err:
-            check_apart(out, "train.out_dir", {"model.path": model})
-        assert str(err.value) == (f"train.out_dir={out} {how} an input folder (model.path={model}): the command "
+        assert apart_error(out, "train.out_dir", {"model.path": model}) == (f"train.out_dir={out} {how} an input folder (model.path={model}): the command "
                                   f"would write over what it reads; choose another train.out_dir")
-    check_apart(tmp_path / "elsewhere", "train.out_dir", {"model.path": model, "teacher": "named-model"})
+    assert apart_error(tmp_path / "elsewhere", "train.out_dir", {"model.path": model, "teacher": "named-model"}) is None
     rollouts = tmp_path / "rollouts.jsonl"
     rollouts.write_text("")
-    with pytest.raises(ConfigError, match=r"^--out .* is an input file \(rollouts "):
-        check_apart(rollouts, "--out", {"rollouts": rollouts})
+    assert apart_error(rollouts, "--out", {"rollouts": rollouts}).startswith(f"--out {rollouts} is an input file (rollouts ")

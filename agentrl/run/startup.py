@@ -16,7 +16,7 @@ from pathlib import Path
 from agentrl.config import Config, ConfigError
 from agentrl.data import Task
 from agentrl.env import Env
-from agentrl.run.placement import RunPlace, place_run
+from agentrl.run.checkpoint.placement import RunPlace, place_run
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class Prepared:
     train_tasks: list[Task]
     eval_tasks: list[Task]
     resume: Path | None = None  # the checkpoint folder a resumed run continues from
-    place: RunPlace | None = None  # where a training run writes (agentrl.run.placement)
+    place: RunPlace | None = None  # where a training run writes (agentrl.run.checkpoint.placement)
 
 
 def prepare(cfg: Config) -> Prepared:

@@ -16,8 +16,6 @@ import re
 import socket
 from pathlib import Path
 
-from agentrl.config import ConfigError
-
 # What a run (or a saved model) leaves in its folder; any one of them means the folder is taken.
 RUN_MARKS = ("summary.json", "metrics.jsonl", "run_config.json", "config.json", "adapter_config.json",
              "rollouts.jsonl", "eval_episodes.jsonl", "checkpoints/manifest.jsonl", "model")
@@ -113,10 +111,10 @@ def free_file(path: str | Path) -> Path:
     return candidate
 
 
-def check_apart(out: str | Path, key: str, inputs: dict[str, str | Path | None]) -> None:
-    """ConfigError naming both keys when the output `out` is one of `inputs` (key -> path; None and
-    names that are no local path are skipped), lies inside one, or contains one: writing there would
-    overwrite or mix with what the command reads."""
+def apart_error(out: str | Path, key: str, inputs: dict[str, str | Path | None]) -> str | None:
+    """The error naming both keys (the caller raises it as its config error) when the output `out` is one
+    of `inputs` (key -> path; None and names that are no local path are skipped), lies inside one, or
+    contains one: writing there would overwrite or mix with what the command reads. None when apart."""
     target = Path(out).expanduser().resolve()
     for name, value in inputs.items():
         if value is None or not Path(value).expanduser().exists():
@@ -127,5 +125,6 @@ def check_apart(out: str | Path, key: str, inputs: dict[str, str | Path | None])
         if how:
             sep = " " if key.startswith("-") else "="  # a flag as typed (--out DIR), a config key as key=value
             kind = "folder" if source.is_dir() else "file"
-            raise ConfigError(f"{key}{sep}{out} {how} an input {kind} ({name}{sep}{value}): the command would "
-                              f"write over what it reads; choose another {key}")
+            return (f"{key}{sep}{out} {how} an input {kind} ({name}{sep}{value}): the command would write over "
+                    f"what it reads; choose another {key}")
+    return None
