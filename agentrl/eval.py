@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
         path = free_file(args.json)  # an earlier report is kept: this one gets name-2.json
         _write_json(str(path), report)
-        print(f"report written to {path}")
+        print(f"report written to {path}", file=sys.stderr)
     return 0
 
 

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import math
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
         out = free_file(args.out)  # never over an existing file (an earlier replay's, a run's own)
         write_records(str(out), replayed)
-        print(f"re-scored records written to {out}")
+        print(f"re-scored records written to {out}", file=sys.stderr)
     return 0
 
 
