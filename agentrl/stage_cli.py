@@ -142,11 +142,14 @@ def run(stage: str, cfg: StageConfig, show: bool = True) -> dict[str, Any]:
     from agentrl.config import DefaultModelConfig
     from agentrl.models.named import resolve_path
     from agentrl.run.startup import check_model
+    from agentrl.utils.outputs import apart_error
 
     check_model(cfg.model)
     if not cfg.data.paths:
         raise ConfigError("data.paths is empty: give at least one dataset (--dataset FILE)")
     model_path = resolve_path(cfg.model.path, DefaultModelConfig())  # unset: the default model, as built by default
+    if error := apart_error(cfg.train.out_dir, "train.out_dir", {"model.path": model_path}):
+        raise ConfigError(error)  # before anything loads
     tokenizer = load_tokenizer(model_path)
     try:
         fmt = ChatFormat(tokenizer)
@@ -156,18 +159,16 @@ def run(stage: str, cfg: StageConfig, show: bool = True) -> dict[str, Any]:
     stats = {"rows": built.rows, "train": len(built.train), "eval": len(built.eval), "dropped": built.dropped}
     log.info("%s: %d training and %d held-out samples from %s; dropped %s", stage, len(built.train),
              len(built.eval), cfg.data.paths, built.dropped or "none")
-    cfg.train.out_dir = str(output_folder(cfg.train.out_dir, model_path))
+    cfg.train.out_dir = str(output_folder(cfg.train.out_dir))
     return run_stage(kind, cfg, model_path, built.train, built.eval, tokenizer, stats, show)
 
 
-def output_folder(out_dir: str, model_path: str) -> Path:
-    """The folder a stage writes: never its input model's (ConfigError), never one that holds a run or a
+def output_folder(out_dir: str) -> Path:
+    """The folder a stage writes (its input model's was refused before): never one that holds a run or a
     model already, which gets the next free `<out_dir>-N` instead (agentrl.utils.outputs). Rank 0 takes
     it; under torchrun the other ranks write nothing there."""
-    from agentrl.utils.outputs import apart_error, claim_folder, run_files
+    from agentrl.utils.outputs import claim_folder, run_files
 
-    if error := apart_error(out_dir, "train.out_dir", {"model.path": model_path}):
-        raise ConfigError(error)
     if int(os.environ.get("RANK", "0")) != 0:
         return Path(out_dir)
     folder = claim_folder(out_dir)

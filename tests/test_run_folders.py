@@ -184,3 +184,22 @@ def test_an_output_is_never_its_input(tmp_path):
     rollouts = tmp_path / "rollouts.jsonl"
     rollouts.write_text("")
     assert apart_error(rollouts, "--out", {"rollouts": rollouts}).startswith(f"--out {rollouts} is an input file (rollouts ")
+
+
+def test_a_stage_pointed_at_its_own_input_is_refused(tmp_path, capsys):
+    """`agentrl.sft --pretrain M --save_path M`: one config-error line, exit 2, before anything loads;
+    the model folder is byte for byte as it was."""
+    from agentrl.stage_cli import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    for out in (model, model / "sft"):
+        assert main("sft", ["--pretrain", str(model), "--dataset", str(data), "--save_path", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"config error: train.out_dir={out} is") and \
+            f"an input folder (model.path={model})" in err and "\n" not in err, err
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
