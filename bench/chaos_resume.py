@@ -19,7 +19,9 @@ Rows (each trial a fresh out_dir; a faulted run, then resumes until one exits 0,
     stranger on the rendezvous port  every TCP port the run's processes listen on gets garbage from a
                            stranger's connection, again and again while the run pushes weights
 
-`bench/_node_faults.py`, when present, adds its rows (`node_fault_rows(trials)`).
+`bench/_everyday.py` adds the rows of a command typed again (the same command twice, three times,
+resume=auto after each, a stage pointed at its own input), counted as runs whose files are all still
+there. `bench/_node_faults.py`, when present, adds its rows (`node_fault_rows(trials)`).
 
 Columns: trials; runs that ended by themselves (every process of the trial exited without the
 harness killing it for hanging, and the last one with 0); the faulted run's exit status; episodes
@@ -275,6 +277,10 @@ def main() -> None:
                     trials.append(run_trial(fault, model, folder, rng))
             rows.append(row(fault.name, trials))
             progress(markdown(rows[-1:]).splitlines()[-1])  # each row as it is done
+    from bench._everyday import everyday_rows  # a command typed again: nothing of any run lost
+
+    with _locked(args.lock):
+        rows += everyday_rows(args.trials, args.model, job, STEPS, EVERY, only=tuple(args.only))
     with contextlib.suppress(ImportError):
         from bench._node_faults import node_fault_rows  # another helper's rows (several nodes)
 
