@@ -1,8 +1,9 @@
 """Tutorial env (docs/tutorials/first-env.md): walk a small grid to a goal.
 
-The model stands on a `size` x `size` grid and is told where it is and where the goal is. Each turn it
-says one move: up, down, left or right. The env answers with its new position. Reaching the goal within
-the task's turn budget (the shortest walk plus `slack` turns) earns 1; running out of turns earns 0.
+The model stands on a `size` x `size` grid and is told which way the goal is ("It is 2 right, 1 up.").
+Each turn it says one move: up, down, left or right. The env answers with the way from its new square.
+Reaching the goal within the task's turn budget (the shortest walk plus `slack` turns) earns 1; running
+out of turns earns 0.
 
 Run it (from the repository root):
     python -m agentrl.train --config examples/tutorials/first_env.yaml
@@ -18,14 +19,20 @@ from agentrl.env import Action, Env, Message, StepResult
 MOVES = {"up": (0, 1), "down": (0, -1), "left": (-1, 0), "right": (1, 0)}
 
 
-def where(x: int, y: int) -> str:
-    return f"You are at ({x}, {y})."
+def where(x: int, y: int, goal: list[int]) -> str:
+    """The way from (x, y) to the goal, e.g. "It is 2 right, 1 up." (a zero step is left out)."""
+    dx, dy = goal[0] - x, goal[1] - y
+    parts = []
+    if dx:
+        parts.append(f"{abs(dx)} {'right' if dx > 0 else 'left'}")
+    if dy:
+        parts.append(f"{abs(dy)} {'up' if dy > 0 else 'down'}")
+    return f"It is {', '.join(parts)}."
 
 
 def opening(task: dict[str, Any]) -> str:
-    """The first message: where the walker starts and where the goal is."""
-    (x, y), (gx, gy) = task["start"], task["goal"]
-    return f"{where(x, y)} The goal is at ({gx}, {gy}). Move."
+    """The first message: the task, and the way from the start to the goal."""
+    return f"Walk to the goal. {where(*task['start'], task['goal'])}"
 
 
 def moved(x: int, y: int, move: str, size: int) -> tuple[int, int]:
@@ -41,7 +48,7 @@ class GridWalkEnv(Env):
     async def reset(self, task: dict[str, Any]) -> str:
         # `task` is one row made by make_tasks below (or read from a jsonl file).
         self.x, self.y = task["start"]
-        self.goal = tuple(task["goal"])
+        self.goal = list(task["goal"])
         self.size, self.turns_left = task["size"], task["turns"]
         # A plain string is shown to the model as one user message.
         return opening(task)
@@ -54,9 +61,9 @@ class GridWalkEnv(Env):
             # Not a move: a hint, and the turn is spent (the model learns to answer in the format).
             return StepResult("Say up, down, left or right.", 0.0, out_of_turns, {"success": False})
         self.x, self.y = moved(self.x, self.y, move, self.size)
-        if (self.x, self.y) == self.goal:
+        if [self.x, self.y] == self.goal:
             return StepResult(None, reward=1.0, done=True, info={"success": True})
-        return StepResult(where(self.x, self.y), 0.0, out_of_turns, {"success": False})
+        return StepResult(where(self.x, self.y, self.goal), 0.0, out_of_turns, {"success": False})
 
     @classmethod
     def make_tasks(cls, n: int, seed: int, split: str, size: int = 4, slack: int = 2) -> list[dict[str, Any]]:
@@ -101,5 +108,5 @@ def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float)
         x, y = moved(x, y, move, task["size"])
         if [x, y] == goal or turn == task["turns"] - 1:
             break
-        messages.append({"role": "user", "content": where(x, y)})
+        messages.append({"role": "user", "content": where(x, y, goal)})
     return messages

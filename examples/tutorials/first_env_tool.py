@@ -1,8 +1,8 @@
-"""Tutorial env, part 2 (docs/tutorials/first-env.md): the same walk with the goal hidden behind a tool.
+"""Tutorial env, part 2 (docs/tutorials/first-env.md): the same walk, with the way to the goal behind a tool.
 
-The first message says where the walker is but not where the goal is. The env has one tool, `find_goal`
-(no arguments), that answers with the goal's square. A call costs a turn, so the budget is one turn
-longer than part 1's. The tool is local: the env runs it itself, in Python, inside `step`.
+After a move the env now only says "Moved."; the way to the goal ("It is 2 right, 1 up.") comes from a
+tool, `compass` (no arguments), that the model calls whenever it wants. A call costs a turn, so the budget
+is twice part 1's (a call before each move). The tool is local: the env runs it itself, in Python, in `step`.
 
 Run it (from the repository root):
     python -m agentrl.train --config examples/tutorials/first_env_tool.yaml
@@ -19,53 +19,48 @@ from examples.tutorials.first_env import MOVES, GridWalkEnv, moved, teacher_move
 # The tool as an OpenAI function spec. The env declares it in `tools`: a chat template that renders
 # tools shows it to the model. The embedded model's template does not; it learns the call from the
 # warm start's demonstrations, and the first message names the tool.
-FIND_GOAL = {"type": "function", "function": {
-    "name": "find_goal", "description": "The square of the goal, as (x, y).",
+COMPASS = {"type": "function", "function": {
+    "name": "compass", "description": "Which way the goal is from here.",
     "parameters": {"type": "object", "properties": {}}}}
 # A call as the model writes it (the Hermes format: rollout.tool_format, default hermes).
-CALL = '<tool_call>{"name": "find_goal", "arguments": {}}</tool_call>'
+CALL = '<tool_call>{"name": "compass", "arguments": {}}</tool_call>'
+OPENING = "Walk to the goal. Call compass to see which way it is."
 
 
-def opening(task: dict[str, Any]) -> str:
-    x, y = task["start"]
-    return f"{where(x, y)} Call find_goal, then move."
-
-
-def goal_message(task: dict[str, Any]) -> Message:
-    gx, gy = task["goal"]
-    return {"role": "tool", "name": "find_goal", "content": f"({gx}, {gy})"}
+def compass_message(x: int, y: int, goal: list[int]) -> Message:
+    return {"role": "tool", "name": "compass", "content": where(x, y, goal)}
 
 
 class GridWalkToolEnv(GridWalkEnv):
-    tools = [FIND_GOAL]
+    tools = [COMPASS]
 
     async def reset(self, task: dict[str, Any]) -> str:
         await super().reset(task)  # the walker's state, as in part 1
-        self.task, self.called = task, False
-        return opening(task)
+        return OPENING
 
     async def step(self, action: Action) -> StepResult:
         if not (action.tool_calls or action.tool_parse_error):
-            result = await super().step(action)  # a move: part 1's rules and reward
-            result.info["tool_success"] = self.called
+            result = await super().step(action)  # a move: part 1's rules, turn count and reward
+            if action.text.strip().lower() in MOVES and not result.done:
+                result.observation = "Moved."  # part 1 would say which way: now that is the tool's job
             return result
         # A tool call: run it here. It spends a turn and earns nothing by itself.
         self.turns_left -= 1
         out_of_turns = self.turns_left == 0
-        info = {"success": False}
-        if action.tool_parse_error or [c.name for c in action.tool_calls] != ["find_goal"]:
+        if action.tool_parse_error or [c.name for c in action.tool_calls] != ["compass"]:
             # The model's mistake, not the env's: an error message, and the episode goes on.
-            error = action.tool_parse_error or "call find_goal, once"
-            message: Message = {"role": "tool", "name": "find_goal", "content": f"error: {error}"}
-            return StepResult([message], 0.0, out_of_turns, {**info, "tool_success": self.called})
-        self.called = True  # `tool_success`: the tool-call success rate in the metrics and summary
-        return StepResult([goal_message(self.task)], 0.0, out_of_turns, {**info, "tool_success": True})
+            error = action.tool_parse_error or "call compass, once"
+            message: Message = {"role": "tool", "name": "compass", "content": f"error: {error}"}
+            return StepResult([message], 0.0, out_of_turns, {"success": False, "tool_success": False})
+        # `tool_success`: the tool-call success rate of the metrics and the summary.
+        return StepResult([compass_message(self.x, self.y, self.goal)], 0.0, out_of_turns,
+                          {"success": False, "tool_success": True})
 
     @classmethod
     def make_tasks(cls, n: int, seed: int, split: str, size: int = 4, slack: int = 2) -> list[dict[str, Any]]:
         tasks = super().make_tasks(n, seed, split, size, slack)
         for task in tasks:
-            task["turns"] += 1  # one turn for the call
+            task["turns"] *= 2  # part 1's moves, each with a call before it
         return tasks
 
 
@@ -74,21 +69,18 @@ def demo_tasks(n: int, seed: int, split: str) -> list[dict[str, Any]]:
 
 
 def demonstration(task: dict[str, Any], rng: random.Random, optimal_prob: float) -> list[Message]:
-    """With probability `optimal_prob` the teacher calls find_goal first, then walks as part 1's teacher
-    does; otherwise it never calls and walks at random (it does not know where the goal is)."""
-    x, y = task["start"]
-    goal, turns = task["goal"], task["turns"]
-    messages: list[Message] = [{"role": "user", "content": opening(task)}]
-    knows = rng.random() < optimal_prob
-    if knows:
-        messages += [{"role": "assistant", "content": CALL}, goal_message(task)]
-        turns -= 1
-    for turn in range(turns):
-        move = teacher_move(x, y, goal, rng, optimal_prob) if knows else rng.choice(list(MOVES))
+    """The teacher calls compass before each move, then moves as part 1's teacher does (a good move with
+    probability `optimal_prob`), until it reaches the goal or runs out of turns."""
+    (x, y), goal = task["start"], task["goal"]
+    messages: list[Message] = [{"role": "user", "content": OPENING}]
+    turns = task["turns"]
+    while turns >= 2:
+        messages += [{"role": "assistant", "content": CALL}, compass_message(x, y, goal)]
+        move = teacher_move(x, y, goal, rng, optimal_prob)
         messages.append({"role": "assistant", "content": move})
         x, y = moved(x, y, move, task["size"])
-        if [x, y] == goal or turn == turns - 1:
+        turns -= 2
+        if [x, y] == goal or turns == 0:
             break
-        messages.append({"role": "user", "content": where(x, y)})
+        messages.append({"role": "user", "content": "Moved."})
     return messages
-
