@@ -11,7 +11,10 @@ token ledger training uses:
 logprobs, segments and why each split). Binds 127.0.0.1 unless `--host` says otherwise;
 `--api-key-env NAME` / `--api-key-file PATH` (or `server.api_key: env:NAME | file:PATH`) make every
 request carry `Authorization: Bearer <key>`. The key itself is never taken from the command line, which
-every user of the machine reads in `ps`: `--api-key KEY` is refused. Any config key applies as a dotted
+every user of the machine reads in `ps`: `--api-key KEY` is refused. Without a key a non-loopback `--host`
+is warned about (anyone who reaches the port generates with the model). A request whose Host is not a name
+of the bound address (`--allow-host NAME` adds one), or from a web page (Origin), is a 403, a POST that is
+not JSON a 415. Any config key applies as a dotted
 override, e.g. `engine.max_model_len=2048 rollout.tool_format=hermes`.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the bearer token "
                                                                "every request must carry")
     parser.add_argument("--api-key-file", metavar="PATH", help="file holding the bearer token (e.g. chmod 600)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="a Host name to answer besides the bound address's own (repeatable)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)  # refused with what to use instead
     parser.add_argument("--config", help="YAML config file (engine, server, rollout.tool_format, model.default)")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides, e.g. engine.max_model_len=2048")
@@ -92,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     key = (f"env:{args.api_key_env}" if args.api_key_env is not None else
            f"file:{args.api_key_file}" if args.api_key_file is not None else None)
     key = key and "'" + key.replace("'", "''") + "'"  # YAML-quoted: a path may hold ': ' or '#'
-    flags = {"server.port": args.port, "server.host": args.host, "server.api_key": key}
+    flags = {"server.port": args.port, "server.host": args.host, "server.api_key": key,
+             "server.allow_hosts": json.dumps(args.allow_host) if args.allow_host else None}
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + list(args.overrides)
     try:
         cfg = load_config(args.config, overrides)

@@ -143,8 +143,11 @@ def app_served(app: web.Application) -> Iterator[tuple[str, LoopThread]]:
 
 
 def send(http: httpx.Client, surface: str, method: str, url: str, lt: LoopThread, **kw) -> tuple[int | None, bytes]:
+    headers = dict(kw.pop("headers", None) or {})
+    if "content" in kw and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"  # an untyped body is a 415 before any handler: fuzz the handlers
     try:
-        reply = http.request(method, url, **kw)
+        reply = http.request(method, url, headers=headers, **kw)
         status, body = reply.status_code, reply.content
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
         if not lt.alive or isinstance(exc, httpx.ConnectError):

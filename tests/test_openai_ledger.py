@@ -233,7 +233,8 @@ def test_errors_are_in_openais_shape(tiny_tokenizer):
             base = srv.open_session(engine, Episode("t", 0)).base_url
             async with httpx.AsyncClient() as http:
                 bad = await http.post(f"{base}/chat/completions", json={"messages": [{"role": "robot", "content": "x"}]})
-                junk = await http.post(f"{base}/chat/completions", content=b"{not json")
+                junk = await http.post(f"{base}/chat/completions", content=b"{not json",
+                                        headers={"Content-Type": "application/json"})
                 n2 = await http.post(f"{base}/chat/completions", json={"messages": [QUESTION], "n": 2})
                 temp = await http.post(f"{base}/chat/completions", json={"messages": [QUESTION], "temperature": 9})
                 gone = await http.post(f"{srv.url}/sessions/nope/v1/chat/completions", json={"messages": [QUESTION]})

@@ -275,7 +275,9 @@ def test_the_verifier_and_tool_server_answer_unusable_json_with_a_400(body):
     async def run():
         async with serve(verifier.make_app()) as v, serve(tool_server.make_app()) as t:
             async with httpx.AsyncClient() as http:
-                return (await http.post(f"{v}/verify", content=body), await http.post(f"{t}/call", content=body))
+                typed = {"Content-Type": "application/json"}  # an untyped body is a 415 (agentrl.utils.local_only)
+                return (await http.post(f"{v}/verify", content=body, headers=typed),
+                        await http.post(f"{t}/call", content=body, headers=typed))
 
     for reply in asyncio.run(run()):
         assert reply.status_code == 400 and "error" in reply.json() and "Traceback" not in reply.text

@@ -248,6 +248,9 @@ class ServerConfig(StrictModel):
                                    f"authentication. Give {HOW_TO_GIVE}; the value itself only in a YAML file "
                                    f"(warned about when others can read the file), never on the command line "
                                    f"(ps shows it). Written out as ********** everywhere")
+    allow_hosts: list[str] = Field(default_factory=list, description="Host names answered besides the bound "
+                                   "address's own (127.0.0.1 / localhost / [::1] on loopback); any other Host is a "
+                                   "403, so a web page re-pointed here by DNS rebinding is refused")
     model_name: str = Field("agentrl", min_length=1, description="the model id /v1/models lists and responses name")
     # Memory is bounded by max_sessions x session_max_tokens (about 100 bytes a ledger token), so both are finite.
     max_sessions: int = Field(4096, ge=1, description="sessions clients may hold open at once over HTTP (POST "

@@ -16,7 +16,8 @@ Requests outside a session are served on a throwaway ledger; only they may ask f
 each its own sample (with a seed s, choice i samples with seed s + i).
 
 Binds 127.0.0.1 unless told otherwise; with `api_key` set, a request without
-`Authorization: Bearer <api_key>` is a 401. Errors are in OpenAI's shape; an unknown session is a 404.
+`Authorization: Bearer <api_key>` is a 401. Local programs only (agentrl.utils.local_only): a foreign Host
+(beyond `server.allow_hosts`) or Origin is a 403, a POST that is not application/json a 415. Errors are in OpenAI's shape; an unknown session is a 404.
 
 Bounded for a shared machine: a session opened over HTTP is closed after `server.session_idle_timeout_s`
 without a request (a sweep), holds at most `server.session_max_turns` turns and `server.session_max_tokens`
@@ -45,6 +46,7 @@ from aiohttp import web
 from agentrl.data.chat import ChatFormat
 from agentrl.config import ServerConfig
 from agentrl.utils.http_common import BadRequestBody, loads_request
+from agentrl.utils.local_only import local_only, warn_if_exposed
 from agentrl.rollout import openai_protocol as proto
 from agentrl.rollout import responses_protocol as resp
 from agentrl.rollout.openai_protocol import ProtocolError
@@ -83,7 +85,8 @@ class OpenAIServer:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def _app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth], client_max_size=64 * 2**20)
+        app = web.Application(middlewares=[local_only(self.cfg.host, self.cfg.allow_hosts), self._auth],
+                              client_max_size=64 * 2**20)
         for prefix in ("", "/sessions/{sid}"):
             app.router.add_get(prefix + "/v1/models", self._models)
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
@@ -95,6 +98,8 @@ class OpenAIServer:
         return app
 
     async def start(self) -> None:
+        warn_if_exposed(log, self.cfg.host, "OpenAI endpoint", "anyone who can reach this port can generate with "
+                        "your model", self.cfg.api_key is not None)
         # handler_cancellation: a client that disconnects cancels its handler, and so its generation.
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()

@@ -8,12 +8,12 @@ run folder's files (agentrl.telemetry.viewer_files), re-read as they grow on eve
   GET /api/episode?source=train|eval&i=N    one whole record, with per-token staleness added
   GET /api/compare[?task=ID]        the held-out tasks of the first and the last eval; one task's two episodes
 
-Loopback unless told otherwise; every other path is a 404 (run files are opened by fixed name only).
+Loopback unless told otherwise, and a foreign Host or Origin is a 403 (agentrl.utils.local_only); every other
+path is a 404 (run files are opened by fixed name only).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from agentrl.telemetry.viewer_files import RANGES, RunFiles, page
+from agentrl.utils.local_only import install, is_loopback as _loopback
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,7 @@ class Viewer:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.files = RunFiles(run_dir)
-        self.app = web.Application(middlewares=[self._own_host])
-        self.any_host = False
+        self.app = web.Application()
         self.app.add_routes([
             web.get("/", self.index), web.get("/static/{name}", self.static),
             web.get("/api/run", self.run), web.get("/api/metrics", self.metrics),
@@ -90,8 +90,10 @@ class Viewer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Reads the files once, then listens; the URL (port 0: a free port)."""
-        self.any_host = not _loopback(host)
-        if self.any_host:
+        # On loopback only requests addressed to loopback: a web page whose name an attacker re-points at
+        # 127.0.0.1 (DNS rebinding) sends its own name as Host, and gets a 403, not the run.
+        install(self.app, host)
+        if not _loopback(host):
             log.warning("the run viewer listens on %s, not loopback: anyone who reaches this address reads the "
                         "run's episodes and config", host)
         self.files.refresh()
@@ -107,15 +109,6 @@ class Viewer:
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
-
-    @web.middleware
-    async def _own_host(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """On loopback, only requests addressed to loopback: a web page whose name an attacker re-points
-        at 127.0.0.1 (DNS rebinding) sends its own name as Host, and gets a 403, not the run."""
-        name = (request.host or "").rsplit(":", 1)[0].strip("[]")
-        if not self.any_host and not _loopback(name):
-            raise web.HTTPForbidden(text="this viewer answers requests to 127.0.0.1 / localhost only")
-        return await handler(request)
 
     async def index(self, request: web.Request) -> web.Response:
         return self._file("index.html")
@@ -182,12 +175,3 @@ class Viewer:
             raise web.HTTPNotFound(text="task not in both the first and the last eval")
         return web.json_response({"before": with_tokens(self.files.evals.record(i)),
                                   "after": with_tokens(self.files.evals.record(j))})
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -256,7 +256,8 @@ def _make_app_or_exit(args: argparse.Namespace) -> web.Application:
 
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_server(argv, __doc__.splitlines()[0], 8766, "sandbox server", _make_app_or_exit, _add_arguments)
+    run_server(argv, __doc__.splitlines()[0], 8766, "sandbox server", _make_app_or_exit, _add_arguments,
+               risk="anyone who can reach this port can run code on this machine")
 
 
 if __name__ == "__main__":

@@ -162,7 +162,8 @@ def make_app() -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_server(argv, __doc__.splitlines()[0], 8765, "tool server", lambda args: make_app())
+    run_server(argv, __doc__.splitlines()[0], 8765, "tool server", lambda args: make_app(),
+               risk="anyone who can reach this port can call its tools")
 
 
 if __name__ == "__main__":

@@ -193,7 +193,8 @@ def _app(args: argparse.Namespace) -> web.Application:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_server(argv, __doc__.splitlines()[0], 8000, "verifier", _app, _arguments)
+    run_server(argv, __doc__.splitlines()[0], 8000, "verifier", _app, _arguments,
+               risk="anyone who can reach this port can have answers scored and read the scores")
 
 
 if __name__ == "__main__":
