@@ -162,18 +162,19 @@ def warm_start(init: Path, out: Path, tokenizer, cfg: DefaultModelConfig) -> Non
     """Supervised warm start of the model in `init` on the demonstrations, through the SFT stage
     (`agentrl.learner.stage`, the loop `python -m agentrl.sft` runs); saved to `out`.
 
-    On one torch thread: while it runs, the command's engine core is importing vLLM on another core
-    (`agentrl.rollout.core_process.prestart`), and test workers or a second run may be busy too. OpenMP
-    threads that share a core with other work spin at every barrier: on 2 cores with other work running,
-    2 threads took 4.0-4.7 s a step where 1 took 0.6-1.4 s (20-step builds, side by side)."""
+    Torch threads are capped at the usable cores meanwhile: more OpenMP threads than cores spin
+    against each other and slowed this step 25x under contention. One thread is no cure: on an idle
+    2-core machine the main job's 300 steps took 127 s on one thread against 63 s on two, while on 2
+    cores shared with other runs two threads took 4.0-4.7 s a step where one took 0.6-1.4 s."""
     import torch
 
+    from agentrl.learner.dist import usable_cores
     from agentrl.learner.stage import run_stage
     from agentrl.learner.stages import SFTKind
 
     samples = demonstration_samples(cfg, ChatFormat(tokenizer))
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(max(1, min(threads, usable_cores())))
     try:
         run_stage(SFTKind(tokenizer.pad_token_id), warm_start_config(cfg, out), str(init), samples, [], tokenizer)
     finally:
