@@ -70,7 +70,7 @@ def clean_env(work: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "WARM_PYTHON", "VLLM_", "AGENTRL_", "CI"))}
     for name in ("PIP_CACHE_DIR", "UV_CACHE_DIR", "AGENTRL_CACHE", "XDG_CACHE_HOME"):
-        (work / name.lower()).mkdir(exist_ok=True)
+        (work / name.lower()).mkdir(parents=True, exist_ok=True)
         env[name] = str(work / name.lower())
     return env
 
