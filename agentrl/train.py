@@ -23,7 +23,7 @@ from agentrl.utils.process_exit import run_and_exit
 from agentrl.utils.prog import prog
 from agentrl.rollout.core_process import prestart_for
 from agentrl.run.rl_run import RLRun
-from agentrl.run.checkpoint.placement import claim_run
+from agentrl.run.checkpoint.placement import claim_run, release_run
 from agentrl.run.startup import Prepared, input_error, prepare
 
 log = logging.getLogger("agentrl")
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # DataError included
         return input_error(exc)
     # last before the engines: a run never writes into another run's folder (docs/durability.md)
-    cfg.train.out_dir = str(claim_run(prep.place))
+    folder = claim_run(prep.place)
+    cfg.train.out_dir = str(folder)
     prestart_for(cfg.cluster.backend)
     import uvloop
 
@@ -74,11 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             summary = runner.run(run(cfg, prep))
         except ConfigError as exc:  # what only the model folder tells (its chat template), before any engine
+            release_run(prep.place, folder)
             return input_error(exc)
         except _run_errors() as exc:  # a cluster that cannot hold the run, a dead learner rank, a failed fleet
             print(f"run failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
-    print_summary({**summary, "out_dir": cfg.train.out_dir})
+    print_summary(summary)
     return 0
 
 

@@ -20,6 +20,7 @@ from agentrl.learner.state import save_state
 from agentrl.run.checkpoint import CheckpointStore, RunState, resolve_resume, save_run_state
 from agentrl.run.checkpoint.placement import claim_run, place_run
 from agentrl.utils.files import restart_jsonl_at
+from agentrl.utils import outputs
 from agentrl.utils.outputs import CLAIM, apart_error, claim_folder, free_file, newest_run, next_free, run_files
 
 
@@ -203,3 +204,21 @@ def test_a_stage_pointed_at_its_own_input_is_refused(tmp_path, capsys):
         assert err.startswith(f"config error: train.out_dir={out} is") and \
             f"an input folder (model.path={model})" in err and "\n" not in err, err
     assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+def test_a_claim_given_back_leaves_no_folder_it_made_and_keeps_one_it_found(tmp_path):
+    # a fresh run that stops at a config error before writing (the chat template): nothing left behind
+    made = outputs.claim_folder(tmp_path / "new")
+    outputs.release_folder(made)
+    assert not made.exists()
+    found = tmp_path / "mine"
+    found.mkdir()
+    (found / "notes.txt").write_text("the user's\n")
+    taken = outputs.claim_folder(found)
+    assert taken == found
+    outputs.release_folder(taken)
+    assert sorted(p.name for p in found.iterdir()) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    outputs.release_folder(outputs.claim_folder(empty))
+    assert empty.is_dir() and not any(empty.iterdir())  # made by the user, so it stays

@@ -247,7 +247,8 @@ class RLRun:
     async def train(self) -> dict[str, Any]:
         """Evaluate, train `train.steps` steps (from a resumed run's step), save, evaluate; the summary."""
         cfg, pool = self.cfg, self.pool
-        summary: dict[str, Any] = {"model": self.model_path, "config": cfg.model_dump()}
+        # out_dir: the folder this run writes to, which a run typed twice takes anew (agentrl.run.checkpoint.placement)
+        summary: dict[str, Any] = {"model": self.model_path, "config": cfg.model_dump(), "out_dir": cfg.train.out_dir}
         from agentrl.rollout.records import run_writers
 
         rollouts, self.eval_records = run_writers(cfg.train.save_rollouts, cfg.train.out_dir, self.step, cfg.train.seed,

@@ -88,6 +88,7 @@ def claim_folder(out: str | Path) -> Path:
     out = Path(out).expanduser()
     for _ in range(1000):
         folder = next_free(out)
+        created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         claim = folder / CLAIM
         if claim.exists() and not _claim_alive(claim):
@@ -97,9 +98,28 @@ def claim_folder(out: str | Path) -> Path:
         except FileExistsError:
             continue  # another process took it in between; next_free now skips it
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}) + "\n")
+            f.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "created": created}) + "\n")
         return folder
     raise RuntimeError(f"no free folder beside {out}")
+
+
+def release_folder(folder: str | Path) -> None:
+    """Give back a folder `claim_folder` took for a command that stopped before writing anything (a config
+    error only the model folder tells): this process's claim goes, and the folder too when the claim made
+    it and nothing else is in it. Anything else in the folder stays."""
+    claim = Path(folder) / CLAIM
+    try:
+        mine = json.loads(claim.read_text())
+    except (OSError, ValueError):
+        return
+    if mine.get("host") != socket.gethostname() or mine.get("pid") != os.getpid():
+        return
+    claim.unlink(missing_ok=True)
+    if mine.get("created"):
+        try:
+            claim.parent.rmdir()  # only while empty
+        except OSError:
+            pass
 
 
 def free_file(path: str | Path) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from agentrl.run.checkpoint.run_state import resolve_resume
 from agentrl.run.checkpoint.store import CheckpointStore
-from agentrl.utils.outputs import claim_folder, newest_run, run_files
+from agentrl.utils.outputs import claim_folder, newest_run, release_folder, run_files
 
 log = logging.getLogger(__name__)
 
@@ -77,3 +77,10 @@ def claim_run(place: RunPlace) -> Path:
     elif place.why:
         log.info("%s in %s", place.why, folder)
     return folder
+
+
+def release_run(place: RunPlace, folder: Path) -> None:
+    """A fresh run that stopped at a config error before writing anything leaves no folder behind (the
+    claim `claim_run` took is given back); a continued run's folder is its own and stays."""
+    if place.fresh:
+        release_folder(folder)
