@@ -217,6 +217,23 @@ def chromium():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=options)
 
 
+def choose(driver, control: str, value: str, timeout: float = 30.0) -> None:
+    """Select `value` in the <select id=control> and wait until the page holds it: the episode view may
+    draw its controls again after its tokens appear, and an element found before that is stale."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    def chosen(d) -> bool:
+        try:
+            Select(d.find_element(By.ID, control)).select_by_value(value)
+            return d.execute_script(f"return document.getElementById('{control}').value") == value
+        except StaleElementReferenceException:
+            return False
+
+    WebDriverWait(driver, timeout, poll_frequency=0.1).until(chosen)
+
+
 def wait_for(driver, script: str, timeout: float = 30.0):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -226,7 +243,6 @@ def wait_for(driver, script: str, timeout: float = 30.0):
 def test_the_page_in_chromium(served, run_dir, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
     shots = Path(os.environ.get("AGENTRL_VIEWER_SHOTS", tmp_path))
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -278,7 +294,7 @@ def test_the_page_in_chromium(served, run_dir, tmp_path):
         rec, gen = recs[pick], recs[pick]["turns"][1]["start"]
         driver.get(served.url + f"/#episode/train/{pick}")
         wait_for(driver, "return document.querySelectorAll('#episode .ledger .tk').length > 0")
-        Select(driver.find_element(By.ID, "colour-by")).select_by_value("pimu")
+        choose(driver, "colour-by", "pimu")
         token = driver.find_element(By.CSS_SELECTOR, f'.ledger .tk[data-i="{gen}"]')
         assert token.value_of_css_property("background-color") not in ("rgba(0, 0, 0, 0)", "transparent")
         ActionChains(driver).move_to_element(token).perform()
@@ -294,7 +310,7 @@ def test_the_page_in_chromium(served, run_dir, tmp_path):
         rec = recs[pick]
         driver.get(served.url + f"/#episode/train/{pick}")
         wait_for(driver, "return document.querySelectorAll('#episode .ledger .tk').length > 0")
-        Select(driver.find_element(By.ID, "colour-by")).select_by_value("trust")
+        choose(driver, "colour-by", "trust")
         scored = [k for k in rec["trust_kept"] if k is not None]
         legend = " ".join(x.text for x in driver.find_elements(By.CSS_SELECTOR, "#episode .legend"))
         assert f"{scored.count(0)} of {len(scored)} trained tokens masked out" in legend
