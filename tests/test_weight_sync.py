@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +188,49 @@ def test_a_planted_file_or_symlink_at_a_handover_name_is_refused_not_followed(tm
     assert "symlink" in results[0].error and "already exists" in results[1].error
     assert victim.read_text() == "precious"
     assert sorted(p.name for p in shared.iterdir() if not p.is_symlink()) == []
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from agentrl.weights import handover
+handover.SHM = Path(sys.argv[1])
+print(handover.write_handover(b"w" * 4096, "w-v1.safetensors").parent, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_process_s_handover_folder_is_swept_at_the_next_start(tmp_path):
+    """kill -9 skips atexit: the snapshot would stay in /dev/shm. The next process to make a private
+    folder there removes it (its lock is free), and leaves a live process's folder, a folder without
+    a lock file, a young folder and a symlink alone."""
+    shm = tmp_path / "shm"
+    shm.mkdir(mode=0o1777)
+    procs = [subprocess.Popen([sys.executable, "-c", _HOLDER, str(shm)], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    dead, alive = (Path(p.stdout.readline().strip()) for p in procs)
+    procs[0].kill()
+    procs[0].wait()
+    unlocked = shm / f"agentrl-{os.getuid()}-nolock"
+    unlocked.mkdir()
+    (shm / f"agentrl-{os.getuid()}-link").symlink_to(unlocked)
+    old = time.time() - 2 * weight_sync.SWEEP_MIN_AGE_S
+    for folder in (dead, alive, unlocked):
+        os.utime(folder, (old, old))
+    try:
+        assert (dead / "w-v1.safetensors").stat().st_size == 4096
+        assert weight_sync.sweep_stale(shm) == [dead]
+        assert not dead.exists() and (alive / "w-v1.safetensors").exists() and unlocked.is_dir()
+        procs[1].kill()
+        procs[1].wait()
+        os.utime(alive, (old, old))
+        young = shm / f"agentrl-{os.getuid()}-young"
+        young.mkdir()
+        (young / weight_sync.LOCK).touch()
+        assert weight_sync.sweep_stale(shm) == [alive]  # dead now; `young` may be a maker mid-start
+        assert young.is_dir() and (shm / f"agentrl-{os.getuid()}-link").is_symlink()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()

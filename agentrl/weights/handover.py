@@ -10,19 +10,34 @@ its own (`mkdtemp`: a random name, mode 0700, created or refused, never reused),
 created with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600: a name that already exists, a symlink included, is
 an error, never followed. A folder the user configured (`weight_sync.handover_dir`) is used as given:
 the files in it are still created exclusively and 0600.
+
+A process killed with SIGKILL never runs its atexit hook, so its private folder (a model-sized
+snapshot) would stay in RAM until reboot. Each private folder therefore holds a lock file the process
+keeps flock'ed for its life; the kernel drops the lock when the process dies, however it dies. Making
+its first private folder in a base, a process removes this user's folders there whose lock is free
+(`sweep_stale`).
 """
 
 from __future__ import annotations
 
 import atexit
 import errno
+import fcntl
+import logging
 import os
+import stat
+import time
 import shutil
 import tempfile
 from pathlib import Path
 
 SHM = Path("/dev/shm")
 _EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+LOCK = ".owner.lock"
+# A folder younger than this is never swept: its maker may not have taken the lock yet (mkdtemp,
+# then open, then flock: microseconds apart; a minute covers a process stopped in between).
+SWEEP_MIN_AGE_S = 60.0
+log = logging.getLogger(__name__)
 
 # This process's private folders, per shared base folder; created on first use, removed at exit.
 _private: dict[Path, Path] = {}
@@ -43,10 +58,47 @@ def private_dir(base: Path) -> Path:
     child inherits the mapping but removes only folders it created itself."""
     folder = _private.get(base)
     if folder is None or not folder.is_dir():
+        if base not in _private:
+            sweep_stale(base)
         folder = Path(tempfile.mkdtemp(prefix=f"agentrl-{os.getuid()}-", dir=base))
+        # Held (not inherited across exec: O_CLOEXEC) until this process dies; never closed on purpose.
+        fcntl.flock(create_exclusive(folder / LOCK), fcntl.LOCK_EX | fcntl.LOCK_NB)
         _private[base] = folder
         atexit.register(_remove, folder, os.getpid())
     return folder
+
+
+def sweep_stale(base: Path) -> list[Path]:
+    """Remove this user's private folders in `base` left by processes that died without cleaning up
+    (SIGKILL, OOM kill, power cut of a container): a real folder (not a symlink) owned by this uid,
+    named like ours, at least SWEEP_MIN_AGE_S old, whose lock file exists and can be locked now. Anything
+    else (another user's, a live process's, one without a lock file) is left alone. The removed paths."""
+    removed = []
+    try:
+        candidates = list(base.glob(f"agentrl-{os.getuid()}-*"))
+    except OSError:
+        return removed
+    for folder in candidates:
+        try:
+            info = folder.lstat()
+            if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
+                    or time.time() - info.st_mtime < SWEEP_MIN_AGE_S):
+                continue
+            fd = os.open(folder / LOCK, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: its process is alive
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    if removed:
+        log.info("removed %d hand-over folder(s) left in %s by processes that were killed: %s", len(removed),
+                 base, ", ".join(p.name for p in removed))
+    return removed
 
 
 def _remove(folder: Path, owner_pid: int) -> None:
