@@ -13,7 +13,7 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-_PACKAGE = str(Path(__file__).resolve().parent) + os.sep
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # agentrl/, not only agentrl/utils/
 _LIBRARY = tuple({str(Path(p).resolve()) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
                   if (p := sysconfig.get_paths().get(key))})
 
