@@ -5,8 +5,10 @@
       kwargs: {url: "http://127.0.0.1:8000"}             # a running OpenEnv server; or instead
       # kwargs: {app: "tests.fixtures.openenv_guess:app"}  # an installed server app, started here
 
-With `app:` the adapter runs `python -m uvicorn <app>` on loopback and a free port, once per process,
-from the run's start (`prestart`), shared by every episode and stopped at exit (`envs.openenv_server`).
+With `app:` the adapter runs the app under uvicorn on loopback and a free port, once per process, from the
+run's start (`prestart`), shared by every episode and stopped at exit or when this process dies
+(`envs.openenv_server`): it answers only requests carrying the bearer token drawn for it, which every
+request of this adapter (GET /schema, the WebSocket) sends.
 Each episode is one OpenEnv WebSocket session (the server gives each its own environment instance),
 opened by `reset` and closed by `close`: the server must allow `rollout.max_concurrency` sessions
 (`create_app(..., max_concurrent_envs=)`).
@@ -44,12 +46,14 @@ from typing import Any, Literal
 import httpx
 
 from agentrl.env import Action, Env, Message, StepResult
+from agentrl.utils.hosts import is_loopback
 from agentrl.utils.extras import needs
-from envs.openenv_server import Restarts, ServerStartError, ensure_server, running, start_or_reuse
+from envs.openenv_server import Restarts, ServerStartError, ensure_server, running, start_or_reuse, token_for
 
 with needs("envs.openenv_env", "openenv-core", "envs", "openenv", "websockets"):
     from openenv.core.client_types import StepResult as OpenEnvResult
     from openenv.core.generic_client import GenericEnvClient
+    from websockets.asyncio.client import connect as ws_connect
     from websockets.exceptions import ConnectionClosed
 
 TEXT_FIELDS = ("prompt", "text", "message", "content")
@@ -77,7 +81,22 @@ class _OutOfProtocol(ValueError):
 
 class _Client(GenericEnvClient):
     """openenv's dict client, raising errors that keep the server's code (it folds them into RuntimeError)
-    and checking every reply's shape, so a reply out of protocol is an OpenEnvError that says so."""
+    and checking every reply's shape, so a reply out of protocol is an OpenEnvError that says so; its
+    WebSocket handshake carries `headers` (the bearer token of a server this process started)."""
+
+    def __init__(self, *, headers: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.headers = headers
+
+    async def connect(self) -> "_Client":
+        if self._ws is None:
+            try:  # as openenv's connect, plus the headers; loopback never goes through a proxy
+                self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
+                                            max_size=self._max_message_size, additional_headers=self.headers,
+                                            proxy=None if _loopback(self._ws_url) else True)
+            except Exception as exc:
+                raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+        return self
 
     async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
         await self._send(message)
@@ -146,12 +165,12 @@ class OpenEnvEnv(Env):
             url = self.url or (await ensure_server(self.app, self.start_timeout_s, self.restarts)).url  # type: ignore
         except ServerStartError as exc:  # the app's failure, not the model's: env_error with its reason
             raise OpenEnvError(str(exc)) from exc
-        self.base_url, self.total = url, 0.0
+        self.base_url, self.total, self.headers = url, 0.0, token_for(url)
         self.mode, self.field, self.fields = await self._action_spec(url)
         keys = self.reset_keys if self.reset_keys is not None else [k for k in task if k != "id"]
         kwargs = {k: task[k] for k in keys if k in task}
         self.client = _Client(base_url=url, connect_timeout_s=self.connect_timeout_s,
-                              message_timeout_s=self.timeout_s)
+                              message_timeout_s=self.timeout_s, headers=self.headers)
         try:
             result = await self.client.reset(**kwargs)
         except Exception as exc:
@@ -224,7 +243,7 @@ class OpenEnvEnv(Env):
         if url not in _SCHEMAS:
             try:
                 async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=not _loopback(url)) as http:
-                    reply = await http.get(f"{url}/schema")
+                    reply = await http.get(f"{url}/schema", headers=self.headers)
             except httpx.HTTPError as exc:
                 raise self._failure("GET /schema", exc) from exc
             if reply.status_code >= 500:
@@ -331,8 +350,7 @@ def _loc(loc: Any) -> str:
 
 
 def _loopback(url: str) -> bool:
-    host = httpx.URL(url).host
-    return host in ("127.0.0.1", "localhost", "::1")
+    return is_loopback(httpx.URL(url).host)
 
 
 def _exit_note(app: str) -> str:

@@ -2,9 +2,17 @@
 
 `env.kwargs.app: "pkg.module:app"` names an installed OpenEnv server (the FastAPI app that
 `openenv.core.env_server.create_app` returns). Every episode of a run needs the same server, so the first
-`ensure_server(app)` launches `python -m uvicorn pkg.module:app` on 127.0.0.1 and a free port and the
-others share it; it is stopped at interpreter exit. No Docker: the app runs in this venv, so a user's env
-package only has to be importable here.
+`ensure_server(app)` launches `python -m envs.openenv_server pkg.module:app` (this file's `main`: the app
+under uvicorn) on 127.0.0.1 and a free port and the others share it; it is stopped at interpreter exit. No
+Docker: the app runs in this venv, so a user's env package only has to be importable here.
+
+Answers this run only: `main` wraps the app in agentrl.utils.local_only_asgi (a foreign Host or Origin is a
+403, also on the WebSocket handshake, a non-JSON POST a 415), and every launch draws a bearer token of its
+own (`secrets.token_urlsafe`), handed to the server in its environment (never argv, never logged) and sent
+by this process's clients (`LocalServer.headers`, `token_for(url)`): a request without it is a 401. The
+server ends with the process that started it, a kill -9 included: a thread of `main` watches its parent
+process id. (Not PR_SET_PDEATHSIG: that fires when the *thread* that forked ends, and `launch` runs in a
+short-lived starter thread.)
 
 A server that exited (killed, crashed) is started again by the next `ensure_server`: the episodes that
 were talking to it already failed with env_error, and the run goes on. A server that cannot start
@@ -18,11 +26,14 @@ Restarts are bounded (`Restarts`): the n-th restart within `window_s` waits `bac
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import atexit
 import collections
 import concurrent.futures
 import os
+import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -31,11 +42,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Deque
 
+from agentrl.utils.local_only import TOKEN_ENV
+
 HOST = "127.0.0.1"
+PARENT_ENV = "AGENTRL_PARENT_PID"  # the process whose end ends the server (main's parent watch)
 _LOG_TAIL = 2000  # characters of the server's log quoted in errors
 
 
@@ -66,6 +80,12 @@ class LocalServer:
     url: str
     proc: subprocess.Popen
     log_path: Path
+    token: str = field(default="", repr=False)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to this server carries: its bearer token."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -86,6 +106,7 @@ class LocalServer:
                 self.proc.kill()
                 self.proc.wait()
         self.log_path.unlink(missing_ok=True)
+        _TOKENS.pop(self.url, None)
 
 
 # One server per app string; a threading lock, not an asyncio one, because episodes may run on more
@@ -94,7 +115,15 @@ _SERVERS: dict[str, LocalServer] = {}
 _STARTING: dict[str, concurrent.futures.Future] = {}
 _FAILURES: dict[str, Deque[float]] = collections.defaultdict(collections.deque)  # exits and failed starts
 _LAST_ERROR: dict[str, str] = {}
+_TOKENS: dict[str, str] = {}  # url -> bearer token of each server this process launched and has not stopped
 _LOCK = threading.Lock()
+
+
+def token_for(url: str) -> dict[str, str]:
+    """The Authorization header for `url` when this process launched the server there; {} otherwise
+    (a server the user started: no token)."""
+    token = _TOKENS.get(url.rstrip("/"))
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def free_port() -> int:
@@ -115,30 +144,34 @@ def _child_env() -> dict[str, str]:
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _healthy(url: str, timeout_s: float = 1.0) -> bool:
+def _healthy(url: str, headers: dict[str, str], timeout_s: float = 1.0) -> bool:
     try:
-        with _NO_PROXY.open(f"{url}/health", timeout=timeout_s) as reply:
+        with _NO_PROXY.open(urllib.request.Request(f"{url}/health", headers=headers), timeout=timeout_s) as reply:
             return reply.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
 
 
 def launch(app: str, start_timeout_s: float = 60.0, attempts: int = 3) -> LocalServer:
-    """Start `app` under uvicorn and wait for GET /health; blocking. Retries a port taken in between."""
+    """Start `app` under uvicorn (`main`) with a fresh token and wait for GET /health; blocking. Retries a
+    port taken in between."""
     if ":" not in app:
         raise ValueError(f"env.kwargs.app {app!r} must look like 'package.module:app' (an OpenEnv server app)")
     last = ""
     for _ in range(attempts):
         port = free_port()
         log = Path(tempfile.mkstemp(prefix="openenv-server-", suffix=".log")[1])
-        cmd = [sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port), "--log-level", "warning"]
+        token = secrets.token_urlsafe(32)
+        cmd = [sys.executable, "-m", "envs.openenv_server", app, "--host", HOST, "--port", str(port)]
+        env = {**_child_env(), TOKEN_ENV: token, PARENT_ENV: str(os.getpid())}
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=_child_env(), start_new_session=True)  # no terminal signals
-        server = LocalServer(app, f"http://{HOST}:{port}", proc, log)
+                                    env=env, start_new_session=True)  # no terminal signals
+        server = LocalServer(app, f"http://{HOST}:{port}", proc, log, token)
         deadline = time.monotonic() + start_timeout_s
         while time.monotonic() < deadline:
-            if _healthy(server.url):
+            if _healthy(server.url, server.headers):
+                _TOKENS[server.url] = token
                 return server
             if not server.alive():
                 break
@@ -152,7 +185,8 @@ def launch(app: str, start_timeout_s: float = 60.0, attempts: int = 3) -> LocalS
         server.stop()  # exited: only its log to remove
         if "address already in use" not in last.lower():
             break
-    raise ServerStartError(f"OpenEnv app {app!r} exited while starting (python -m uvicorn {app}); its log:\n{last}")
+    raise ServerStartError(f"OpenEnv app {app!r} exited while starting (python -m envs.openenv_server {app}); "
+                           f"its log:\n{last}")
 
 
 def _failed(app: str, why: str) -> None:
@@ -236,3 +270,50 @@ def stop_all() -> None:
         _SERVERS.clear()
     for server in servers:
         server.stop()
+
+
+# ------------------------------------------------------------------ the server process
+
+
+def watch_parent(parent: int, period_s: float = 0.2) -> threading.Thread:
+    """End this process once `parent` is no longer its parent (it died, a kill -9 included, and this one was
+    handed to init or a subreaper): SIGTERM to itself (uvicorn's graceful stop), then exit after 5 s."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        print(f"openenv server: the process that started it ({parent}) is gone; stopping", file=sys.stderr,
+              flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5.0)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m envs.openenv_server pkg.module:app --port N`: the app behind LocalOnlyASGI under uvicorn; the
+    bearer token from $AGENTRL_SERVER_TOKEN (none without it), the parent to outlive not from $AGENTRL_PARENT_PID."""
+    parser = argparse.ArgumentParser(description="an OpenEnv server app, answering local programs only")
+    parser.add_argument("app", help="package.module:app")
+    parser.add_argument("--host", default=HOST)
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    token = os.environ.pop(TOKEN_ENV, "") or None  # out of the environment the app's own subprocesses inherit
+    parent = os.environ.pop(PARENT_ENV, "")
+    if parent:
+        watch_parent(int(parent))
+    import uvicorn
+    from uvicorn.importer import import_from_string
+
+    from agentrl.utils.local_only_asgi import LocalOnlyASGI
+
+    app = LocalOnlyASGI(import_from_string(args.app), args.host, token=token)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 """Local servers answer local programs only (agentrl.utils.local_only): the middleware on its own, then every
 server the project starts, as a real process on loopback, against what a hostile web page can send without a
 CORS preflight (text/plain or form bodies, its own name as Host after DNS rebinding, its Origin) while a
-normal JSON client is still answered. (No headless-browser test: chromium is not installed here.)"""
+normal JSON client is still answered. The same attempts from a real page in chromium:
+tests/test_cross_site_browser.py."""
 
 from __future__ import annotations
 
@@ -127,6 +128,24 @@ def test_the_names_of_each_kind_of_bind():
     assert "10.1.2.3" in allowed_names("10.1.2.3") and "localhost" not in allowed_names("10.1.2.3")
     assert {"localhost", "box.lan"} <= allowed_names("0.0.0.0", ["box.lan:80"])
     assert [host_name(h) for h in ("[::1]:80", "::1", "Localhost:8000", "a.b")] == ["::1", "::1", "localhost", "a.b"]
+
+
+def test_one_loopback_test_for_the_servers_and_the_weight_collective():
+    """agentrl.utils.hosts.is_loopback is the only one: the weight collective (which must not import aiohttp)
+    and the servers' rules both use it."""
+    import subprocess
+
+    from agentrl.utils import hosts, local_only
+    from agentrl.weights import collective
+
+    assert collective.is_loopback is hosts.is_loopback is local_only.is_loopback
+    yes = ["localhost", "LocalHost", "127.0.0.1", "127.8.9.10", "::1", "[::1]", " 127.0.0.1 "]
+    no = ["0.0.0.0", "::", "10.0.0.1", "evil.localtest", "localhost.evil.example", ""]
+    assert [h for h in yes if not hosts.is_loopback(h)] == [] and [h for h in no if hosts.is_loopback(h)] == []
+    leaf = subprocess.run([sys.executable, "-c", "import sys, agentrl.utils.local_only, agentrl.utils.local_only_asgi; "
+                           "print(sorted(m for m in ('aiohttp', 'torch') if m in sys.modules))"],
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    assert leaf.stdout.strip() == "[]", leaf  # the rules, and the ASGI guard an OpenEnv app runs, stay light
 
 
 def test_a_wildcard_bind_takes_ip_literals_not_foreign_names():

@@ -10,6 +10,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -33,12 +35,14 @@ from envs.openenv_env import OpenEnvEnv, OpenEnvError, extract_json_object, rend
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_APP = "tests.fixtures.openenv_guess:app"
 TYPED_APP = "tests.fixtures.openenv_guess:typed_app"
+LAUNCHED: dict[str, openenv_server.LocalServer] = {}
 
 
 @pytest.fixture(scope="module")
 def url():
     """One text-action server for the module, started the way a user would: uvicorn on a free port."""
-    server = openenv_server.launch(TEXT_APP)  # python -m uvicorn ... on 127.0.0.1, waits for /health
+    server = openenv_server.launch(TEXT_APP)  # the app under uvicorn on 127.0.0.1, waits for /health
+    LAUNCHED[server.url] = server
     yield server.url
     server.stop()
 
@@ -248,3 +252,96 @@ def test_a_run_starts_the_app_when_it_starts_and_the_first_episode_uses_it(tmp_p
         return env.base_url
 
     assert run(first_reset()) == server.url
+
+
+# ---- the app answers this run only, and ends with it -------------------------------------------------------
+
+
+def test_the_launched_app_refuses_requests_without_its_token_and_from_web_pages(url):
+    """The app's server answers the run's own client (the tests above) and nobody else: no token, a foreign Host
+    or Origin, a text/plain POST, a WebSocket a web page opens. The token is in no argv and no log line."""
+    import httpx
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    auth = openenv_server.token_for(url)
+    assert auth and auth["Authorization"].startswith("Bearer ") and len(auth["Authorization"]) > 40
+    reset = {"seed": 1}
+    replies = {
+        "no token": httpx.post(f"{url}/reset", json=reset),
+        "wrong token": httpx.post(f"{url}/reset", json=reset, headers={"Authorization": "Bearer nope"}),
+        "text/plain": httpx.post(f"{url}/reset", content=b'{"seed": 1}', headers={"Content-Type": "text/plain", **auth}),
+        "foreign Host": httpx.post(f"{url}/reset", json=reset, headers={"Host": "evil.example", **auth}),
+        "foreign Origin": httpx.post(f"{url}/reset", json=reset, headers={"Origin": "http://evil.example", **auth}),
+        "health, no token": httpx.get(f"{url}/health"),
+        "the run's client": httpx.post(f"{url}/reset", json=reset, headers=auth),
+    }
+
+    async def handshake(headers, origin=None):
+        try:
+            async with connect(url.replace("http", "ws") + "/ws", additional_headers=headers, origin=origin,
+                               proxy=None):
+                return 101
+        except InvalidStatus as exc:
+            return exc.response.status_code
+
+    ws = {"ws no token": run(handshake({})),
+          "ws foreign Origin": run(handshake(auth, origin="http://evil.example")),
+          "ws the run's client": run(handshake(auth))}
+    statuses = {k: r.status_code for k, r in replies.items()} | ws
+    assert statuses == {"no token": 401, "wrong token": 401, "text/plain": 415, "foreign Host": 403,
+                        "foreign Origin": 403, "health, no token": 401, "the run's client": 200,
+                        "ws no token": 401, "ws foreign Origin": 403, "ws the run's client": 101}, statuses
+    for reply in replies.values():
+        assert not [h for h in reply.headers if h.lower().startswith("access-control-allow")]
+    token = auth["Authorization"].split()[1]
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:  # nobody's argv holds it
+        try:
+            assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            pass
+    assert token not in LAUNCHED[url].log_tail() and token not in repr(LAUNCHED[url])
+
+
+PARENT = """
+import sys, time
+from envs import openenv_server
+server = openenv_server.start_or_reuse(sys.argv[1], 60.0).result()  # launched by a starter thread, as in a run
+time.sleep(1.0)  # that thread has ended: the server must not end with it
+print(server.proc.pid, server.url, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_app_ends_when_the_process_that_started_it_is_killed():
+    """A kill -9 of the trainer runs no atexit: the app's server notices its parent is gone and stops. It
+    outlives the thread that started it (a run starts it from one), which PR_SET_PDEATHSIG would not."""
+    import httpx
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, TEXT_APP], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    try:
+        pid, url = parent.stdout.readline().split()
+        pid = int(pid)
+        assert httpx.get(f"{url}/health").status_code == 401  # up, and wanting its token
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        killed = time.monotonic()
+        deadline = time.monotonic() + 30
+        while _running(pid):
+            assert time.monotonic() < deadline, f"the app's server {pid} outlived its parent by 30 s"
+            time.sleep(0.1)
+        print(f"the app's server ended {time.monotonic() - killed:.2f} s after its parent's kill -9")
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _running(pid: int) -> bool:
+    """`pid` exists and is no zombie (a reaper may be slow to collect an orphan's exit)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -17,7 +17,6 @@ import contextlib
 import datetime
 import hashlib
 import hmac
-import ipaddress
 import os
 import secrets
 import socket
@@ -27,6 +26,7 @@ from typing import Any, Iterator
 
 import torch
 
+from agentrl.utils.hosts import is_loopback  # noqa: F401  (callers use collective.is_loopback)
 from agentrl.weights.buckets import Bucket, TensorMeta, unpack
 
 # -- the group ---------------------------------------------------------------------------------
@@ -88,13 +88,6 @@ class Access:
                              "version of agentrl or the info was built by hand; rebuild it with SenderHub.open")
         return cls(get("master_address"), int(get("master_port")), bytes.fromhex(secret),
                    Network(bool(get("local", True)), get("interface", "") or ""))
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def keep_gloo_on_loopback() -> None:
