@@ -143,3 +143,28 @@ def test_a_return_value_that_is_no_reward_is_an_env_error(tiny_tokenizer, bad):
 
     (ep,), *_ = asyncio.run(play(tiny_tokenizer, Agent, say_a, [{"id": "x"}]))
     assert ep.status == "env_error" and "the agent returned" in ep.error
+
+
+def test_the_runs_endpoint_answers_only_the_clients_it_hands_its_agents(tiny_tokenizer):
+    """No server.api_key configured: the run's endpoint draws a token of its own. A request without it
+    (another program on the machine) is a 401 and reaches no session; the agent's client carries it."""
+    import httpx
+
+    seen = {}
+
+    class Prober(AgentEnv):
+        async def run(self, client, task):
+            async with httpx.AsyncClient() as other:
+                body = {"model": "agentrl", "messages": [QUESTION]}
+                seen["without"] = (await other.post(f"{client.base_url}chat/completions", json=body)).status_code
+                seen["guessed"] = (await other.post(f"{client.base_url}chat/completions", json=body,
+                                                    headers={"Authorization": "Bearer agentrl"})).status_code
+            seen["key"] = client.api_key
+            out = await client.chat.completions.create(model="agentrl", messages=[QUESTION])
+            return float(out.choices[0].message.content == "a")
+
+    episodes, _, server, engine = asyncio.run(play(tiny_tokenizer, Prober, say_a, [{"id": "t0"}]))
+    assert episodes[0].status == "ok" and episodes[0].reward == 1.0
+    assert seen["without"] == 401 and seen["guessed"] == 401 and len(engine.calls) == 1
+    assert len(seen["key"]) >= 40 and seen["key"] == server.cfg.api_key.get_secret_value()
+    assert ServerConfig().api_key is None  # the user's config is left as it was

@@ -134,3 +134,13 @@ class RedactSecrets(logging.Filter):
             if redact(text) != text:
                 record.exc_text, record.exc_info = redact(text), None
         return True
+
+
+def drawn_secret() -> SecretStr:
+    """A bearer token drawn for this run alone (256 bits), masked like a configured one in log lines: what a
+    server the run starts for its own clients requires when the user gave none."""
+    import secrets
+
+    value = secrets.token_urlsafe(32)
+    _KNOWN.add(value)
+    return SecretStr(value)

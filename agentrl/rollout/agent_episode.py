@@ -24,10 +24,16 @@ from agentrl.types import Episode
 
 
 def make_server(spec: Any, engine: Any, server_cfg: Any) -> Any:
-    """The endpoint for `spec`'s agent episodes (not yet started); `engine` serves out-of-session requests."""
+    """The endpoint for `spec`'s agent episodes (not yet started); `engine` serves out-of-session requests.
+    Without a configured `server.api_key` it requires a token drawn for this run, which only the clients
+    it hands its agents carry (`client.api_key`): no other program on the machine can generate with the
+    model, or write into an episode's ledger."""
+    from agentrl.config.secrets import drawn_secret
     from agentrl.rollout.openai_server import OpenAIServer
     from agentrl.rollout.tools import get_tool_format
 
+    if server_cfg.api_key is None:
+        server_cfg = server_cfg.model_copy(update={"api_key": drawn_secret()})
     cfg = spec.cfg
     limits = Limits(spec.max_model_len, cfg.max_tokens_per_turn, cfg.max_turns, cfg.temperature, cfg.top_p,
                     cfg.turn_timeout_s)
