@@ -18,7 +18,6 @@ function named as `env.import_path` is wrapped into one.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any, Union
 # ToolCall and the default (Hermes) parser live in agentrl.rollout.tools; re-exported here for existing imports.
 from agentrl.rollout.tools import ToolCall  # noqa: F401
 from agentrl.rollout.tools.hermes import parse as parse_tool_calls  # noqa: F401
+from agentrl.utils.registry import import_user_module
 
 Message = dict[str, Any]  # {"role": "user" | "tool" | "system" | "assistant", "content": str, ...}
 Observation = Union[str, list[Message]]
@@ -130,7 +130,7 @@ def load_env(import_path: str) -> type[Environment]:
         raise ValueError(f"env import path {import_path!r} must look like 'package.module:ClassName'")
     module_name, _, attr = import_path.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)  # a failure inside the module: a ValueError naming file:line
     except ImportError as exc:
         raise ValueError(f"cannot import env module {module_name!r}: {exc}") from exc
     cls = getattr(module, attr, None)

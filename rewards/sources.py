@@ -12,7 +12,6 @@ training and counted, never scored 0.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 from agentrl.config import EnvSource, HttpSource, RewardModelSource, RewardsConfig, RewardSourceConfig, RuleSource
 from agentrl.config.sources import PRMSource
 from agentrl.types import Episode
+from agentrl.utils.registry import import_user_module
 from rewards.base import RewardFn, RewardResult
 from rewards.reward_model import EngineFactory
 
@@ -37,9 +37,11 @@ def import_rule(path: str, key: str) -> Any:
     if not module or not attr:
         raise ValueError(f"{key}={path!r} must look like 'package.module:function'")
     try:
-        fn = getattr(importlib.import_module(module), attr, None)
+        fn = getattr(import_user_module(module), attr, None)
     except ImportError as exc:
         raise ValueError(f"{key}={path!r}: cannot import {module!r} ({exc})") from None
+    except ValueError as exc:  # the module failed while it ran: file:line of the failure
+        raise ValueError(f"{key}={path!r}: {exc}") from None
     if not callable(fn):
         raise ValueError(f"{key}={path!r}: {module!r} has no function {attr!r}")
     return fn

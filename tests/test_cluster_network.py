@@ -77,6 +77,31 @@ def test_ray_s_token_file_is_made_private_and_a_readable_one_narrowed(tmp_path, 
     assert not (tmp_path / "none").exists()
 
 
+def test_a_token_path_that_is_a_symbolic_link_is_refused_and_its_target_left_alone(tmp_path, monkeypatch):
+    """keep_token_private changes the mode of the token file itself, never of a file a link there points at
+    (say another program's config, readable on purpose); a dangling link is refused too, and nothing is made
+    where it points."""
+    from agentrl.run.cluster import keep_token_private
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    target = tmp_path / "shared.conf"
+    target.write_text("public\n")
+    target.chmod(0o644)
+    token = tmp_path / "ray" / "auth_token"
+    token.parent.mkdir()
+    token.symlink_to(target)
+    with pytest.raises(ClusterError, match=rf"^{token} is a symbolic link \(to {target}\); agentrl does not follow "
+                                           r"it to change a file's mode"):
+        keep_token_private(token)
+    assert target.stat().st_mode & 0o777 == 0o644 and target.read_text() == "public\n"
+    token.unlink()
+    token.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ClusterError, match="is a symbolic link"):
+        keep_token_private(token)
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_nccl_stays_on_loopback_in_a_local_process_and_a_ray_actor_keeps_what_its_start_chose(monkeypatch):
     """keep_gloo_on_loopback (a one-process learner, the vLLM plugin): NCCL on lo where every peer is on
     this node; in a run's Ray actor (AGENTRL_RAY_ACTOR, set by agentrl.run.cluster.connect) NCCL is left to the

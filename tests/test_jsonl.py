@@ -127,3 +127,11 @@ def test_build_folder_sweeps_what_killed_builds_of_this_host_left_and_nothing_el
     assert all(left[k].is_dir() for k in ("live", "other_host", "other_model", "user"))
     (tmp / "DONE").write_text("ok")
     assert publish_folder(tmp, out, "DONE") == out and not tmp.exists()
+
+
+def test_a_line_nested_past_the_parser_s_stack_is_a_bad_line_not_a_crash(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(b'{"a": 1}\n' + b"[" * 100_000 + b"\n" + b'{"b": 2}\n')
+    assert list(read_jsonl(path, strict=False)) == [(1, {"a": 1}), (3, {"b": 2})]
+    with pytest.raises(JsonlError, match=r":2: not valid JSON \(nested too deeply\)$"):
+        list(read_jsonl(path))

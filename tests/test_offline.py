@@ -172,3 +172,43 @@ def test_the_train_cli_names_the_missing_file_cold(tmp_path):
     assert line.startswith("config error: model.path='org/name': tokenizer_config.json and the tokenizer ") and \
         "are not in the local Hugging Face cache" in line and "model.allow_download=true" in line, line
     assert not (tmp_path / "connected").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_teacher_hub_id_is_checked_against_the_cache_like_the_model(hub_cache, tiny_model):
+    """algo.teacher.model (the distillation teacher) given as a hub id: the same check as model.path, named by
+    its own key, at config check time (agentrl.run.startup.check_teacher_model, called by prepare)."""
+    from agentrl.run.startup import check_teacher_model
+
+    with pytest.raises(ConfigError, match=r"^algo.teacher.model='org/teacher': no such folder, and no model of that "
+                                          r"id in the local Hugging Face cache \(.*hub\); nothing is downloaded unless "
+                                          r"model.allow_download=true"):
+        check_teacher_model(load_config(None, ["algo.teacher.model=org/teacher"]))
+    cache_model(hub_cache, "org/teacher", {"config.json": CONFIG})
+    with pytest.raises(ConfigError, match=r"^algo.teacher.model='org/teacher': tokenizer_config.json and the "
+                                          r"tokenizer .* are not in the local Hugging Face cache"):
+        check_teacher_model(load_config(None, ["algo.teacher.model=org/teacher"]))
+    check_teacher_model(load_config(None, ["algo.teacher.model=org/teacher", "model.allow_download=true"]))
+    files = {p.name: p.read_bytes() for p in Path(tiny_model).iterdir() if p.is_file()}
+    cache_model(hub_cache, "org/complete", files)
+    check_teacher_model(load_config(None, ["algo.teacher.model=org/complete"]))
+    check_teacher_model(load_config(None, []))  # no teacher: nothing to check
+    with pytest.raises(ConfigError, match=r"^algo.teacher.model='/nonexistent/teacher': no such folder$"):
+        check_teacher_model(load_config(None, ["algo.teacher.model=/nonexistent/teacher"]))
+
+
+def test_the_check_cli_names_a_teacher_missing_from_the_cache(tmp_path):
+    """`python -m agentrl.check algo.teacher.model=org/absent` started as a user starts it: exit 2, one line,
+    before any model is built or engine started."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_CACHE": str(tmp_path / "hub"),
+           "AGENTRL_CACHE": str(tmp_path / "agentrl-cache")}
+    for var in OFFLINE_VARS:
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, "-m", "agentrl.check", "algo.teacher.model=org/absent"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"config error: algo.teacher.model='org/absent': no such folder, and no model of that id in the local "
+        f"Hugging Face cache ({tmp_path / 'hub'}); nothing is downloaded unless model.allow_download=true. Fetch it "
+        f"where the hub is reachable with `hf download org/absent` into this cache (HF_HOME / HF_HUB_CACHE), pass "
+        f"a local folder, or set model.allow_download=true"]
+    assert not (tmp_path / "agentrl-cache" / "models").exists()  # the embedded default was not built

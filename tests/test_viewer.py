@@ -102,8 +102,10 @@ def test_one_episode_is_its_record_with_staleness(served, run_dir):
         assert got[key] == want[key], key
     assert got["token_text"] == decode(want["tokens"])
     assert got["staleness"] == [want["step"] - v if m else None for v, m in zip(want["versions"], want["loss_mask"])]
-    for i in ("-1", "9999", "x"):
-        assert served.get("/api/episode", i=i).status_code == 404
+    assert served.get("/api/episode", i="9999").status_code == 404
+    for i in ("-1", "x", "²"):  # not an index: the parameter is named
+        bad = served.get("/api/episode", i=i)
+        assert bad.status_code == 400 and bad.text == f"i={i!r} is not a whole number >= 0"
 
 
 def test_paths_stay_inside_the_run_folder(served, run_dir, tmp_path):
@@ -201,6 +203,64 @@ def test_loopback_and_the_command_line(tmp_path, capsys):
 
     assert main([str(tmp_path)]) == 2
     assert "has no metrics.jsonl" in capsys.readouterr().err
+
+
+BAD_ROWS = [b'{"step": 3, "rew', b"[1, 2]", b'"a string"', b'{"turns": 5}', b'{"step": "3"}', b'{"eval": ["x"]}',
+            b'{"versions": ["a"], "loss_mask": [1]}', b'{"loss_mask": "11"}', b'{"group_id": true}', b"\xff\xfe{}",
+            b"[" * 100_000]  # a torn line, not objects, fields of other types, not UTF-8, nested past the parser
+
+
+def test_bad_rows_are_skipped_and_counted_and_the_rest_is_read(tmp_path):
+    """Rows that are not what the run's writers write are skipped and counted (bad_rows), the rows after
+    them in the same read are served, and filters, pages and before/after still answer; a last line
+    without its newline is waited for, not counted."""
+    run = make_run(tmp_path / "run", steps=2, groups=1, samples=2)
+    s = Served(run)
+    try:
+        before = s.get("/api/episodes").json()
+        assert before["bad_rows"] == 0 and s.get("/api/run").json()["bad_rows"] == {
+            "metrics.jsonl": 0, "rollouts.jsonl": 0, "eval_episodes.jsonl": 0}
+        good = json.loads((run / "rollouts.jsonl").read_bytes().splitlines()[0])
+        row = lambda task: json.dumps({**good, "task_id": task}).encode()  # noqa: E731
+        with open(run / "rollouts.jsonl", "ab") as f:
+            f.write(b"\n".join([row("after-0"), *BAD_ROWS, b"", row("after-1")]) + b"\n" + row("after-2")[:40])
+        with open(run / "metrics.jsonl", "ab") as f:
+            f.write(b'not json\n{"step": 2, "reward_mean": 0.5}\n')
+        got = s.get("/api/episodes", limit=500).json()
+        assert [r["task_id"] for r in got["rows"][-2:]] == ["after-0", "after-1"]
+        assert got["all"] == before["all"] + 2 and got["bad_rows"] == len(BAD_ROWS)
+        assert s.get("/api/run").json()["bad_rows"] == {"metrics.jsonl": 1, "rollouts.jsonl": len(BAD_ROWS),
+                                                        "eval_episodes.jsonl": 0}
+        assert s.get("/api/metrics", since="2").json()["rows"] == [{"step": 2, "reward_mean": 0.5}]
+        for params in ({"step_min": "0"}, {"group_min": "0", "staleness_max": "9"}, {"q": "after"}):
+            assert s.get("/api/episodes", **params).status_code == 200, params
+        assert s.get("/api/episode", i=str(got["all"] - 1)).json()["task_id"] == "after-1"
+        assert s.get("/api/compare").status_code == 200
+        with open(run / "rollouts.jsonl", "ab") as f:  # the writer finishes its line
+            f.write(row("after-2")[40:] + b"\n")
+        done = s.get("/api/episodes", q="after-2").json()
+        assert done["total"] == 1 and done["bad_rows"] == len(BAD_ROWS)
+        (run / "rollouts.jsonl").write_bytes(row("fresh") + b"\n")  # a restart: earlier rows and counts are void
+        assert s.get("/api/episodes").json()["bad_rows"] == 0
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("path, key, value", [
+    ("/api/metrics", "since", "nan"), ("/api/metrics", "since", "abc"), ("/api/metrics", "since", "-1"),
+    ("/api/metrics", "since", "inf"), ("/api/metrics", "since", "1.5"),
+    ("/api/episodes", "reward_min", "nan"), ("/api/episodes", "reward_max", "inf"),
+    ("/api/episodes", "turns_min", "-inf"), ("/api/episodes", "step_max", "1e999"),
+    ("/api/episodes", "offset", "-1"), ("/api/episodes", "offset", "nan"), ("/api/episodes", "limit", "0"),
+    ("/api/episodes", "limit", "1e3"), ("/api/episodes", "limit", "abc"), ("/api/episode", "i", "nan")])
+def test_a_bad_number_in_the_query_is_a_400_naming_it(served, path, key, value):
+    got = served.get(path, **{key: value})
+    assert got.status_code == 400 and got.text.startswith(f"{key}="), got.text
+
+
+def test_good_numbers_still_answer(served):
+    assert served.get("/api/metrics", since="0").status_code == 200
+    assert served.get("/api/episodes", reward_min="-1.5", reward_max="2e0", offset="0", limit="500").status_code == 200
 
 
 # ---- the page, in a real browser ------------------------------------------------------------------

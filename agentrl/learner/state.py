@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,10 @@ STATE_FILE = "learner_state.json"
 TENSORS_FILE = "learner_state.safetensors"
 OLD_STATE_FILE = "learner_state.pt"  # a pickle, written before checkpoints held none
 _FORMAT = "agentrl.learner_state"
+# The oldest torch whose loader this file can use: torch.serialization.safe_globals (the context manager, torch
+# 2.5) and get_unsafe_globals_in_checkpoint (torch 2.6), which scans a pickle's opcodes without running it.
+# pyproject.toml's torch floor is this (tests/test_torch_floor.py holds them equal).
+MIN_TORCH = (2, 6)
 _TENSOR = "$tensor"
 
 
@@ -72,9 +77,25 @@ def _deepspeed_globals() -> list[Any]:
     return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
+def torch_too_old(version: str) -> str | None:
+    """Why torch `version` cannot read checkpoints here (one line, with the fix), or None."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and (int(found[1]), int(found[2])) >= MIN_TORCH:
+        return None
+    need = ".".join(map(str, MIN_TORCH))
+    return (f"torch {version} is older than agentrl needs to read a checkpoint without unpickling it (torch>={need}: "
+            f"torch.serialization.safe_globals and get_unsafe_globals_in_checkpoint); install torch>={need}")
+
+
+def _need_torch() -> None:
+    if (why := torch_too_old(torch.__version__)) is not None:
+        raise CheckpointFileError(why)
+
+
 def safe_torch_load(path: str | Path, map_location: Any = None) -> Any:
     """torch.load(weights_only=True) with DeepSpeed's record classes allowed; CheckpointFileError
     naming the file for anything else (a planted pickle is refused before it runs)."""
+    _need_torch()
     try:
         with torch.serialization.safe_globals(_deepspeed_globals()):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -106,6 +127,7 @@ def _old_pickle(folder: Path) -> str:
 def check_torch_files(folder: str | Path) -> None:
     """Every torch file under `folder` read far enough to know it holds only allowed globals (the pickle's
     opcodes are scanned, nothing is built)."""
+    _need_torch()
     allowed = {f"{c.__module__}.{c.__qualname__}" for c in _deepspeed_globals()}
     for path in sorted(Path(folder).rglob("*.pt")):
         try:

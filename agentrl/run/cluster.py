@@ -14,6 +14,7 @@ when the environment turned it off.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -33,16 +34,31 @@ def keep_token_private(path: Path | None = None) -> None:
     """Ray writes the token a new local cluster makes to ~/.ray/auth_token with the process's umask
     (0644 on most machines): anyone on the machine could read it and run code in the run's Ray. So it
     is made here first, 0600, when Ray would make it (token authentication on, no token yet); one of
-    this user's that others can read is narrowed to 0600."""
+    this user's that others can read is narrowed to 0600. A symbolic link there is refused (ClusterError):
+    the mode changed would be that of whatever file it points at."""
     if os.environ.get("RAY_AUTH_MODE", "token").lower() != "token" or os.environ.get("RAY_AUTH_TOKEN"):
         return
     path = path or Path.home() / ".ray" / "auth_token"
-    if path.exists():
-        info = path.stat()
-        if info.st_uid == os.getuid() and info.st_mode & 0o077:
-            path.chmod(0o600)
-            log.warning("%s could be read by other users; it is now readable by you only", path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return _new_token(path)
+    except PermissionError:  # not ours to read, nor to narrow
         return
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:  # ELOOP: the name is a symbolic link (dangling or not)
+            raise
+        raise ClusterError(f"{path} is a symbolic link (to {os.readlink(path)}); agentrl does not follow it to "
+                           "change a file's mode: put the token file itself there, or remove the link (a new "
+                           "token is then made)") from None
+    with os.fdopen(fd) as f:  # the mode of the file opened, not of a name another process may swap
+        info = os.fstat(f.fileno())
+        if info.st_uid == os.getuid() and info.st_mode & 0o077:
+            os.fchmod(f.fileno(), 0o600)
+            log.warning("%s could be read by other users; it is now readable by you only", path)
+
+
+def _new_token(path: Path) -> None:
     from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
 
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

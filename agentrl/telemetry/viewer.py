@@ -2,11 +2,14 @@
 (agentrl/telemetry/viewer_static/: no CDN, no font, nothing fetched from elsewhere) and a JSON API over the
 run folder's files (agentrl.telemetry.viewer_files), re-read as they grow on every request.
 
-  GET /api/run                      the run's name, its summary (config apart) and config, the files found
+  GET /api/run                      the run's name, its summary (config apart) and config, the files found,
+                                    the rows skipped per file (bad_rows: not JSON objects, or fields of other types)
   GET /api/metrics?since=N          metrics.jsonl records from the N-th on
   GET /api/episodes?source=train|eval&status=ok,timeout&reward_min=&reward_max=&turns_min=&...&q=&offset=&limit=
   GET /api/episode?source=train|eval&i=N    one whole record, with per-token staleness added
   GET /api/compare[?task=ID]        the held-out tasks of the first and the last eval; one task's two episodes
+
+A number in the query that is not one (`since=abc`, `reward_min=nan`, `limit=-1`) is a 400 naming the parameter.
 
 Loopback unless told otherwise, and a foreign Host or Origin is a 403 (agentrl.utils.local_only); every other
 path is a 404 (run files are opened by fixed name only).
@@ -15,6 +18,7 @@ path is a 404 (run files are opened by fixed name only).
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +39,27 @@ class QueryError(ValueError):
 
 
 def _number(params: Any, key: str) -> float | None:
+    """A finite number, or None when the parameter is absent or empty (no bound)."""
     raw = params.get(key, "")
     if raw == "":
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
         raise QueryError(f"{key}={raw!r} is not a number") from None
+    if not math.isfinite(value):  # nan compares false with everything; inf bounds nothing
+        raise QueryError(f"{key}={raw!r} is not a finite number")
+    return value
+
+
+def _count(params: Any, key: str, default: int) -> int:
+    """A whole number >= 0 written in ASCII digits (an index, an offset, a page size)."""
+    raw = params.get(key, "")
+    if raw == "":
+        return default
+    if not (raw.isascii() and raw.isdigit()):  # "²" and "١" are str.isdigit, and int() refuses "²"
+        raise QueryError(f"{key}={raw!r} is not a whole number >= 0")
+    return int(raw)
 
 
 def parse_query(params: Any) -> tuple[dict[str, Any], int, int]:
@@ -49,10 +67,19 @@ def parse_query(params: Any) -> tuple[dict[str, Any], int, int]:
     query: dict[str, Any] = {f"{k}_{end}": _number(params, f"{k}_{end}") for k in RANGES for end in ("min", "max")}
     query["status"] = {s for s in params.get("status", "").split(",") if s}
     query["q"] = params.get("q", "").strip().lower()
-    offset, limit = _number(params, "offset") or 0, _number(params, "limit") or 50
-    if offset < 0 or not 1 <= limit <= MAX_PAGE:
-        raise QueryError(f"offset must be >= 0 and limit within 1..{MAX_PAGE}")
-    return query, int(offset), int(limit)
+    offset, limit = _count(params, "offset", 0), _count(params, "limit", 50)
+    if not 1 <= limit <= MAX_PAGE:
+        raise QueryError(f"limit={limit} is not within 1..{MAX_PAGE}")
+    return query, offset, limit
+
+
+@web.middleware
+async def bad_query(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A QueryError anywhere in a handler is the client's mistake: a 400 naming the parameter."""
+    try:
+        return await handler(request)
+    except QueryError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
 
 
 def with_tokens(record: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +106,7 @@ class Viewer:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.files = RunFiles(run_dir)
-        self.app = web.Application()
+        self.app = web.Application(middlewares=[bad_query])
         self.app.add_routes([
             web.get("/", self.index), web.get("/static/{name}", self.static),
             web.get("/api/run", self.run), web.get("/api/metrics", self.metrics),
@@ -132,11 +159,12 @@ class Viewer:
                  if (self.files.root / n).is_file()]
         return web.json_response({"name": self.files.root.resolve().name, "summary": summary or None,
                                   "config": config, "files": found, "steps": len(self.files.metrics),
-                                  "episodes": len(self.files.train.rows), "eval_episodes": len(self.files.evals.rows)})
+                                  "episodes": len(self.files.train.rows), "eval_episodes": len(self.files.evals.rows),
+                                  "bad_rows": self.files.bad_rows()})
 
     async def metrics(self, request: web.Request) -> web.Response:
         self.files.refresh()
-        since = int(_number(request.query, "since") or 0)
+        since = _count(request.query, "since", 0)
         return web.json_response({"total": len(self.files.metrics), "rows": self.files.metrics[since:]})
 
     async def episodes(self, request: web.Request) -> web.Response:
@@ -144,16 +172,14 @@ class Viewer:
         index = self.files.index(request.query.get("source", "train"))
         if index is None:
             raise web.HTTPNotFound(text="source must be train or eval")
-        try:
-            query, offset, limit = parse_query(request.query)
-        except QueryError as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from None
-        return web.json_response(page(index.rows, query, offset, limit))
+        query, offset, limit = parse_query(request.query)
+        return web.json_response({**page(index.rows, query, offset, limit), "bad_rows": index.bad_rows})
 
     async def episode(self, request: web.Request) -> web.Response:
+        self.files.refresh()  # spans of a file rewritten since (a resumed run) point at other bytes
         index = self.files.index(request.query.get("source", "train"))
-        raw = request.query.get("i", "")
-        record = index.record(int(raw)) if index is not None and raw.isdigit() else None
+        i = _count(request.query, "i", -1)
+        record = index.record(i) if index is not None else None
         if record is None:
             raise web.HTTPNotFound(text="no such episode")
         return web.json_response(with_tokens(record))

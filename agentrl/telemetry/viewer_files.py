@@ -2,6 +2,10 @@
 offset per file, only the new bytes read), episodes indexed by a small summary each with the byte span of
 their line, so ten thousand episodes are filtered in memory and one is read from disk when opened.
 
+A row that is not what the run's writers write (not JSON, not an object, a field of another type: a torn
+line a killed writer left mid-file, a hand-edited file) is skipped and counted (`bad_rows`), and the rows
+after it are read: what the API serves has the types the page and the filters expect.
+
 Only fixed file names inside the run folder are opened (a link leading out of it is refused), and only
 as JSON: nothing here unpickles or imports what a run wrote.
 """
@@ -14,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.utils.files import jsonl_line
+
 SEARCH_CHARS = 20_000  # the text of an episode kept for search (its task and messages)
 
 
@@ -25,9 +31,9 @@ def inside(root: Path, name: str) -> Path | None:
 
 @dataclass
 class Line:
-    """One whole JSON line of a followed file: its value and where its bytes are."""
+    """One whole JSON-object line of a followed file: its value and where its bytes are."""
 
-    value: Any
+    value: dict[str, Any]
     start: int
     length: int
 
@@ -35,24 +41,27 @@ class Line:
 @dataclass
 class Follower:
     """Reads what a JSON-lines file gained since the last call; a line without its newline yet (being
-    written) waits for the next call. A file that shrank (a resumed run rewrote it) is read again."""
+    written) waits for the next call. A file that shrank (a resumed run rewrote it) is read again.
+    `bad`: whole lines since the file's (re)start that are not a JSON object (blank lines aside)."""
 
     root: Path
     name: str
     offset: int = 0
     resets: int = 0
+    bad: int = 0
 
     def poll(self) -> tuple[list[Line], bool]:
-        """(the new whole lines, whether the file was restarted and earlier lines are void)."""
+        """(the new whole lines that are JSON objects, whether the file was restarted and earlier lines are void)."""
         path = inside(self.root, self.name)
         if path is None:
             reset = self.offset > 0
-            self.offset = 0
+            if reset:
+                self.offset, self.bad = 0, 0
             return [], reset
         size = path.stat().st_size
         reset = size < self.offset
         if reset:
-            self.offset, self.resets = 0, self.resets + 1
+            self.offset, self.resets, self.bad = 0, self.resets + 1, 0
         if size == self.offset:
             return [], reset
         with open(path, "rb") as f:
@@ -60,12 +69,14 @@ class Follower:
             data = f.read(size - self.offset)
         end = data.rfind(b"\n") + 1
         lines, pos = [], self.offset
-        for raw in data[:end].splitlines(keepends=True):
-            try:
-                lines.append(Line(json.loads(raw), pos, len(raw)))
-            except ValueError:  # a torn line a killed writer left mid-file: skipped, as the run's readers do
-                pass
-            pos += len(raw)
+        # Lines end at "\n" only, as agentrl.utils.files reads them (a "\r" is JSON white space).
+        for raw in data[:end].split(b"\n")[:-1]:
+            line = jsonl_line(0, raw + b"\n")
+            if isinstance(line.value, dict):
+                lines.append(Line(line.value, pos, len(raw) + 1))
+            elif not line.blank:
+                self.bad += 1
+            pos += len(raw) + 1
         self.offset += end
         return lines, reset
 
@@ -74,25 +85,50 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+class BadRow(ValueError):
+    """An episode record with a field of another type than the run's writer gives it."""
+
+
+def _ints(record: dict[str, Any], key: str) -> list[int]:
+    value = record.get(key) or []
+    if not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        raise BadRow(f"{key} is not a list of integers")
+    return value
+
+
+def _optional(record: dict[str, Any], key: str, kind: type) -> Any:
+    value = record.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise BadRow(f"{key} is a {type(value).__name__}, not a {kind.__name__}")
+    return value
+
+
+def _list(record: dict[str, Any], key: str) -> list[Any]:
+    value = record.get(key) or []
+    if not isinstance(value, list):
+        raise BadRow(f"{key} is a {type(value).__name__}, not a list")
+    return value
+
+
 def staleness(record: dict[str, Any]) -> int:
     """The oldest generated token's staleness: the step it was trained at minus the policy version that
     sampled it (the learner's version at step s is s). A held-out eval trains nothing: 0."""
     step = record.get("step") if not record.get("eval") else None
-    versions = [v for v, m in zip(record.get("versions") or [], record.get("loss_mask") or []) if m and v >= 0]
-    return int(step) - min(versions) if isinstance(step, int) and versions else 0
+    versions = [v for v, m in zip(_ints(record, "versions"), _ints(record, "loss_mask")) if m and v >= 0]
+    return step - min(versions) if isinstance(step, int) and versions else 0
 
 
 def summarize(i: int, record: dict[str, Any]) -> dict[str, Any]:
-    """What the episode list shows and filters on."""
+    """What the episode list shows and filters on; BadRow when a field has another type than the run's
+    writer gives it (the filters compare numbers, the page's colours read per-token lists)."""
     info = record.get("info") if isinstance(record.get("info"), dict) else {}
-    messages = record.get("messages") or []
-    text = " ".join(str(m.get("content") or "") for m in messages if isinstance(m, dict))
-    return {"i": i, "step": record.get("step"), "task_id": str(record.get("task_id", "")),
-            "group": record.get("group_id"), "status": str(record.get("status", "")),
+    text = " ".join(str(m.get("content") or "") for m in _list(record, "messages") if isinstance(m, dict))
+    return {"i": i, "step": _optional(record, "step", int), "task_id": str(record.get("task_id", "")),
+            "group": _optional(record, "group_id", int), "status": str(record.get("status", "")),
             "reward": _num(record.get("reward")), "success": bool(record.get("success")),
-            "turns": len(record.get("turns") or []), "tool_calls": int(_num(info.get("tool_calls")) or 0),
-            "staleness": staleness(record), "tokens": len(record.get("tokens") or []),
-            "generated": sum(record.get("loss_mask") or []), "eval": record.get("eval"),
+            "turns": len(_list(record, "turns")), "tool_calls": int(_num(info.get("tool_calls")) or 0),
+            "staleness": staleness(record), "tokens": len(_list(record, "tokens")),
+            "generated": sum(_ints(record, "loss_mask")), "eval": _optional(record, "eval", str),
             "_text": (str(record.get("task_id", "")) + " " + text)[:SEARCH_CHARS].lower()}
 
 
@@ -103,25 +139,36 @@ class EpisodeIndex:
     follower: Follower
     rows: list[dict[str, Any]] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)
+    rejected: int = 0  # JSON objects whose fields summarize refused, since the file's (re)start
+
+    @property
+    def bad_rows(self) -> int:
+        return self.follower.bad + self.rejected
 
     def refresh(self) -> None:
         lines, reset = self.follower.poll()
         if reset:
-            self.rows, self.spans = [], []
+            self.rows, self.spans, self.rejected = [], [], 0
         for line in lines:
-            if isinstance(line.value, dict):
-                self.rows.append(summarize(len(self.rows), line.value))
-                self.spans.append((line.start, line.length))
+            try:
+                row = summarize(len(self.rows), line.value)
+            except (BadRow, TypeError, ValueError):  # TypeError, ValueError: a shape BadRow does not name yet
+                self.rejected += 1
+                continue
+            self.rows.append(row)
+            self.spans.append((line.start, line.length))
 
     def record(self, i: int) -> dict[str, Any] | None:
-        """The whole record of episode `i`, read from its line."""
+        """The whole record of episode `i`, read from its line; None when the file no longer holds it
+        there (rewritten since the last refresh)."""
         path = inside(self.follower.root, self.follower.name)
         if path is None or not 0 <= i < len(self.spans):
             return None
         start, length = self.spans[i]
         with open(path, "rb") as f:
             f.seek(start)
-            return json.loads(f.read(length))
+            value = jsonl_line(0, f.read(length)).value
+        return value if isinstance(value, dict) else None
 
 
 RANGES = ("reward", "turns", "tool_calls", "staleness", "step", "group")
@@ -167,9 +214,14 @@ class RunFiles:
         lines, reset = self.metrics_follower.poll()
         if reset:
             self.metrics = []
-        self.metrics += [line.value for line in lines if isinstance(line.value, dict)]
+        self.metrics += [line.value for line in lines]
         self.train.refresh()
         self.evals.refresh()
+
+    def bad_rows(self) -> dict[str, int]:
+        """Rows skipped per file: not JSON objects, or episodes with fields of other types."""
+        return {"metrics.jsonl": self.metrics_follower.bad, "rollouts.jsonl": self.train.bad_rows,
+                "eval_episodes.jsonl": self.evals.bad_rows}
 
     def summary(self) -> dict[str, Any] | None:
         return self._json("summary.json")

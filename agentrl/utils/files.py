@@ -49,16 +49,22 @@ def jsonl_lines(path: str | Path) -> Iterator[JsonlLine]:
     string may hold U+2028, where `str.splitlines` would cut a row in two (a "\r" is JSON whitespace)."""
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
-            if not raw.strip():
-                yield JsonlLine(number, raw)
-                continue
-            try:
-                # without its line end, so a JSON error's column counts on this line, not the next
-                yield JsonlLine(number, raw, json.loads(raw.rstrip(b"\r\n").decode("utf-8")))
-            except UnicodeDecodeError as exc:
-                yield JsonlLine(number, raw, problem="not UTF-8 text", detail=f"byte {exc.start}")
-            except json.JSONDecodeError as exc:
-                yield JsonlLine(number, raw, problem="not valid JSON", detail=f"{exc.msg} at column {exc.colno}")
+            yield jsonl_line(number, raw)
+
+
+def jsonl_line(number: int, raw: bytes) -> JsonlLine:
+    """One stored line parsed (a reader that follows a growing file reads its lines one by one)."""
+    if not raw.strip():
+        return JsonlLine(number, raw)
+    try:
+        # without its line end, so a JSON error's column counts on this line, not the next
+        return JsonlLine(number, raw, json.loads(raw.rstrip(b"\r\n").decode("utf-8")))
+    except UnicodeDecodeError as exc:
+        return JsonlLine(number, raw, problem="not UTF-8 text", detail=f"byte {exc.start}")
+    except json.JSONDecodeError as exc:
+        return JsonlLine(number, raw, problem="not valid JSON", detail=f"{exc.msg} at column {exc.colno}")
+    except RecursionError:  # arrays or objects nested deeper than the parser's stack
+        return JsonlLine(number, raw, problem="not valid JSON", detail="nested too deeply")
 
 
 def read_jsonl(path: str | Path, *, strict: bool = True) -> Iterator[tuple[int, Any]]:

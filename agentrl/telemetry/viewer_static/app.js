@@ -82,7 +82,10 @@ async function pollMetrics() {
   const got = await api(`/api/metrics?since=${state.metrics.length}`);
   if (got.total < state.metrics.length) { state.metrics = []; return pollMetrics(); }  // the file restarted
   state.metrics.push(...got.rows);
-  $("#live").textContent = `${state.metrics.length} steps` + (state.run && state.run.summary ? " · finished" : " · following");
+  const bad = state.run && state.run.bad_rows ? Object.values(state.run.bad_rows).reduce((a, b) => a + b, 0) : 0;
+  $("#live").textContent = `${state.metrics.length} steps` + (state.run && state.run.summary ? " · finished" : " · following") +
+    (bad ? ` · ${bad} bad rows skipped` : "");
+  $("#live").title = bad ? `rows skipped (not JSON objects, or fields of other types): ${JSON.stringify(state.run.bad_rows)}` : "new steps are read as the run writes them";
   return got.rows.length;
 }
 
@@ -116,7 +119,8 @@ async function loadEpisodes() {
     return tr;
   }));
   const first = got.total ? got.offset + 1 : 0;
-  $("#count").textContent = `${first}–${got.offset + got.rows.length} of ${got.total} (${got.all} recorded)`;
+  $("#count").textContent = `${first}–${got.offset + got.rows.length} of ${got.total} (${got.all} recorded)` +
+    (got.bad_rows ? ` · ${got.bad_rows} bad rows skipped` : "");
   $("#count").dataset.total = got.total;
   state.timing.filter_ms = performance.now() - t0;
   document.body.dataset.episodesLoaded = String(Number(document.body.dataset.episodesLoaded || 0) + 1);
