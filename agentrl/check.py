@@ -31,8 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
-import math
 import os
 import sys
 import time
@@ -40,6 +38,7 @@ from collections import Counter
 from typing import Any, TextIO
 
 from agentrl.config import Config, ConfigError, load_config
+from agentrl.data.task_json import tasks_problem
 from agentrl.rollout.core_process import prestart_for
 from agentrl.rollout.engine import Generation
 from agentrl.rollout.round_trip import RoundTrip, decode, round_trip
@@ -51,39 +50,6 @@ from agentrl.utils.prog import prog
 DEFAULT_REPLY = "42"
 LABEL_WIDTH = 40
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
-
-
-def json_problem(value: Any, where: str = "") -> str | None:
-    """Why `value` would not come back from JSON as itself, naming the key path; None when it would."""
-    here = f"key {where!r}" if where else "the task"
-    if value is None or isinstance(value, (str, bool, int)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{here} holds {value}, which is not JSON"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{here} has the {type(key).__name__} key {key!r} (JSON gives it back as a string)"
-            if problem := json_problem(item, f"{where}.{key}" if where else key):
-                return problem
-        return None
-    if isinstance(value, list):
-        return next((p for i, item in enumerate(value) if (p := json_problem(item, f"{where}[{i}]"))), None)
-    if isinstance(value, tuple):
-        return f"{here} holds a {type(value).__name__} (JSON gives it back as a list)"
-    return f"{here} holds a {type(value).__name__}, which JSON cannot write"
-
-
-def tasks_problem(tasks: list[Any], split: str) -> str | None:
-    """The first task of `split` that is not JSON, by index, id, key and type; None when all are."""
-    with contextlib.suppress(TypeError, ValueError):
-        if json.loads(json.dumps(tasks)) == tasks:
-            return None
-    for i, task in enumerate(tasks):
-        if problem := json_problem(task):
-            ident = f" (id {task['id']!r})" if isinstance(task, dict) and "id" in task else ""
-            return f"{split} task {i}{ident} is not JSON: {problem}"
-    return None
 
 
 @dataclasses.dataclass
@@ -131,8 +97,9 @@ class EngineDidNotStart(RuntimeError):
 
 
 async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model_path: str, fmt: Any,
-               replies: list[str] | None) -> Played:
-    """Play `tasks` on one local engine (on `replies` when given) and score them as training does."""
+               replies: list[str] | None, per_episode: list[list[str]] | None = None) -> Played:
+    """Play `tasks` on one local engine (on `replies` when given, or episode i on `per_episode[i]`) and
+    score them as training does."""
     from agentrl.learner.models import frozen_engine
     from agentrl.rollout.runner import episode_runner
     from agentrl.rollout.fleet import EngineFleet
@@ -141,7 +108,7 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
 
     async def one(i: int, task: dict) -> tuple[Episode, list | None]:
         made = _Made(spec.env_cls)
-        async with engine.lease() as leased:
+        async with (ScriptedPolicy(per_episode[i], fmt) if per_episode else engine).lease() as leased:
             ep = await episode_runner(spec)(task, leased, dataclasses.replace(spec, env_cls=made),
                                    i if split == "train" else -1 - i, cfg.data.seed * 100_003 + i)
         if ep.status in TRAINABLE_STATUSES:
@@ -152,7 +119,7 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
     fleet = spec = None
     t0 = time.perf_counter()
     try:
-        engine = ScriptedPolicy(replies, fmt) if replies else None
+        engine = ScriptedPolicy(replies or [DEFAULT_REPLY], fmt) if replies or per_episode else None
         if engine is None:
             engine = fleet = EngineFleet.local(model_path, cfg.engine, fmt.eos_id, cfg.cluster)
             try:
@@ -170,6 +137,32 @@ async def play(cfg: Config, prep: Prepared, tasks: list[dict], split: str, model
         await stop_agent_server(spec)
         if fleet is not None:
             await fleet.shutdown()
+
+
+async def replay_teacher(cfg: Config, prep: Prepared, model_path: str, fmt: Any, n: int) -> Played | None:
+    """The embedded default's teacher (model.default.task), its best play on `n` demo tasks replayed through
+    the env; None when the model is the user's own or the teacher's module is not the env's."""
+    from agentrl.models.demos import best_play, teaches_the_env
+
+    default = cfg.model.default
+    if cfg.model.path or not teaches_the_env(default.task, prep.env_cls.__module__):
+        return None
+    tasks, replies = best_play(default.task, default.seed, n, default.demo_max_turns)
+    return await play(cfg, prep, tasks, "train", model_path, fmt, None, per_episode=replies)
+
+
+def teacher_verdict(eps: list[Episode], task: str) -> tuple[str, str | None]:
+    """(the report's teacher line, the problem when the env scores a best play 0 or less, or it fails)."""
+    shown = " ".join(f"{e.reward:.3f}" if e.status in TRAINABLE_STATUSES else e.status for e in eps)
+    line = f"=== teacher ({task}): its best play on {len(eps)} demo tasks, replayed through the env: {shown}"
+    bad = [(i, e) for i, e in enumerate(eps) if e.status not in TRAINABLE_STATUSES or e.reward <= 0]
+    if not bad:
+        return line, None
+    i, e = bad[0]
+    why = f"reward {e.reward:.3f}" if e.status in TRAINABLE_STATUSES else f"{e.status}: {e.error}"
+    return line, (f"the env scores {len(bad)} of {len(eps)} of the teacher's best demonstrations 0 or less (first: "
+                  f"demo task {i}, {why}): the warm start would teach what the env does not reward; compare "
+                  f"{task}'s demonstration with the env's step")
 
 
 def _span(label: str, text: str, trained: bool, color: bool) -> list[str]:
@@ -316,7 +309,8 @@ def _intro(args: argparse.Namespace, cfg: Config, model_path: str, replies: list
     policy = f"scripted, replies {replies!r} cycled" if replies else \
         f"engine (one local vLLM), temperature {r.temperature}, top_p {r.top_p}"
     return "\n".join([f"agentrl check: {args.config or 'the default config'}", f"  env    : {cfg.env.import_path}",
-                      f"  model  : {model_path}",
+                      f"  model  : {model_path}" + (" (its tokenizer: a scripted check needs no weights)"
+                                                    if "default-tokenizer-" in model_path else ""),
                       f"  policy : {policy}; at most {r.max_turns} turns of {r.max_tokens_per_turn} tokens",
                       f"  tasks  : {'; '.join(task_problems) or 'all JSON'}; playing the first {n} {args.split} "
                       f"tasks, seed data.seed * 100003 + i"])
@@ -355,12 +349,15 @@ def check(args: argparse.Namespace, out: TextIO) -> int:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         try:
-            model_path, _, fmt = runner.run(load_model_format(cfg))
+            # scripted on the embedded default: its tokenizer only, seconds; the weights are built by the first
+            # run that needs them (an engine check or training)
+            model_path, _, fmt = runner.run(load_model_format(cfg, tokenizer_only=replies is not None))
         except ConfigError as exc:  # what only the model folder tells (its chat template)
             return input_error(exc)
         print(_intro(args, cfg, model_path, replies, len(tasks), task_problems), file=out, flush=True)
         try:
             played = runner.run(play(cfg, prep, tasks, args.split, model_path, fmt, replies))
+            teacher = runner.run(replay_teacher(cfg, prep, model_path, fmt, args.tasks))
         except EngineDidNotStart as exc:
             print(f"check failed: the engine did not start: {exc}", file=out)
             return 1
@@ -371,6 +368,10 @@ def check(args: argparse.Namespace, out: TextIO) -> int:
     for (ep, _), trip in zip(played.episodes, trips):
         print("\n".join(episode_lines(ep, fmt, trip, is_agent, color, shown)), file=out)
     found = problems([ep for ep, _ in played.episodes], trips, task_problems)
+    if teacher is not None:
+        line, problem = teacher_verdict([ep for ep, _ in teacher.episodes], cfg.model.default.task)
+        print(line, file=out)
+        found += [problem] if problem else []
     print("\n".join(summary_lines(played, trips, found, prep, cfg, fmt.eos_id, time.perf_counter() - t0)), file=out)
     return 1 if found else 0
 

@@ -310,7 +310,8 @@ def adapt(cmd: Command, python: str) -> Plan:
             raise CannotAdapt(f"{cmd.id}: `{cmd.text}`: {exc}") from None
         extra = list(TINY_TRAIN)
         if cfg.model.path is None and cfg.model.default.sft_steps > 0:
-            extra += [f"model.default.{k}={v}" for k, v in TINY_DEFAULT.items()]
+            # a 2-step warm start scores near 0 by design: the check that stops a too-weak one is off here
+            extra += [f"model.default.{k}={v}" for k, v in TINY_DEFAULT.items()] + ["model.default.min_start_reward=null"]
         return Plan("train", " ".join(quote(t) for t in head + args + extra), out_dir=cfg.train.out_dir)
     if module == "agentrl.check":  # a dry run: the config's env on the tiny-warm-started default model
         try:

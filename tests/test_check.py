@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.check import json_problem, main
+from agentrl.check import main
+from agentrl.data.task_json import json_problem
 from agentrl.data.chat import ChatFormat, load_tokenizer
 from agentrl.rollout.round_trip import RoundTrip, round_trip
 from agentrl.types import Episode, Turn

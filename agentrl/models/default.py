@@ -13,8 +13,6 @@ A user's own model path replaces all of this.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import inspect
 import json
 import logging
 import os
@@ -22,11 +20,11 @@ import math
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Callable
 
-from agentrl.data.chat import ChatFormat, Message, ledger_from_messages
+from agentrl.data.chat import ChatFormat, ledger_from_messages
 from agentrl.config import DefaultModelConfig
 from agentrl.config.stages import StageConfig
+from agentrl.models.demos import demo_source, optimal_prob, teacher_digest, try_teacher
 from agentrl.utils.files import build_folder, publish_folder
 
 log = logging.getLogger(__name__)
@@ -36,26 +34,6 @@ CHAT_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-TaskMaker = Callable[[int, int, str], list[dict[str, Any]]]  # (n, seed, split) -> tasks
-Demonstration = Callable[[dict[str, Any], random.Random, float], list[Message]]  # (task, rng, optimal_prob)
-
-
-def demo_source(task: str, demo_max_turns: int | None = None) -> tuple[TaskMaker, Demonstration]:
-    """The warm-start task's generator and teacher: `demo_tasks` and `demonstration` of `envs.<task>`
-    for a built-in name, else of the module `task` names (a user's env, e.g. `examples.agents.custom_env`).
-    A `demo_max_turns` the teacher cannot honour is refused here, with the task's other errors."""
-    name = task if "." in task else f"envs.{task}"
-    module = importlib.import_module(name)
-    missing = [f for f in ("demo_tasks", "demonstration") if not callable(getattr(module, f, None))]
-    if missing:
-        raise ValueError(f"model.default.task={task!r}: module {name} has no {' or '.join(missing)} "
-                         "(the warm start's task generator and teacher)")
-    if demo_max_turns is not None and "max_turns" not in inspect.signature(module.demonstration).parameters:
-        raise ValueError(f"model.default.demo_max_turns={demo_max_turns}: {task}'s demonstration(task, rng, "
-                         "optimal_prob) takes no max_turns; leave demo_max_turns unset for this task")
-    return module.demo_tasks, module.demonstration
 
 
 def cache_root() -> Path:
@@ -73,9 +51,13 @@ WARM_START_LOOP = "stage-v1"
 
 
 def _key(cfg: DefaultModelConfig) -> str:
-    settings = cfg.model_dump(exclude={"cache_dir"})
+    """The cache folder's key: the settings (the teacher's strength as it applies), the warm-start loop and
+    the teacher's code (`teacher_digest`: editing demo_tasks or demonstration builds anew)."""
+    settings = cfg.model_dump(exclude={"cache_dir", "min_start_reward"})  # what the run does, not the model
+    settings["demo_optimal_prob"] = optimal_prob(cfg.task, cfg.demo_optimal_prob)
     settings = {k: v for k, v in settings.items() if _LATER_DEFAULTS.get(k, object()) != v}
     settings["warm_start_loop"] = WARM_START_LOOP
+    settings["teacher"] = teacher_digest(cfg.task)
     blob = json.dumps(settings, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -137,10 +119,11 @@ def demonstration_samples(cfg: DefaultModelConfig, fmt: ChatFormat) -> list:
 
     make_tasks, demonstration = demo_source(cfg.task, cfg.demo_max_turns)
     turns = {} if cfg.demo_max_turns is None else {"max_turns": cfg.demo_max_turns}
+    prob = optimal_prob(cfg.task, cfg.demo_optimal_prob)
     rng = random.Random(cfg.seed)
     samples = []
     for i, task in enumerate(make_tasks(cfg.sft_demos, cfg.seed, "demo")):
-        tokens, mask = ledger_from_messages(fmt, demonstration(task, rng, cfg.demo_optimal_prob, **turns))
+        tokens, mask = ledger_from_messages(fmt, demonstration(task, rng, prob, **turns))
         samples.append(Sample(tokens, mask, f"demonstration {i}"))
     return samples
 
@@ -181,14 +164,36 @@ def warm_start(init: Path, out: Path, tokenizer, cfg: DefaultModelConfig) -> Non
         torch.set_num_threads(threads)
 
 
+def _cached(cfg: DefaultModelConfig) -> Path:
+    return (Path(cfg.cache_dir) if cfg.cache_dir else cache_root()) / f"default-model-{_key(cfg)}"
+
+
+def ensure_default_tokenizer(cfg: DefaultModelConfig) -> Path:
+    """A folder with the default model's tokenizer, for what needs no weights (a scripted dry run): the
+    model's own folder when it is built, else its tokenizer alone, built in seconds and cached."""
+    out = _cached(cfg)
+    if (out / "config.json").exists() and (out / "DONE").exists():
+        return out
+    out = out.with_name(out.name.replace("default-model-", "default-tokenizer-"))
+    if (out / "DONE").exists():
+        return out
+    try_teacher(cfg.task, cfg.seed, optimal_prob(cfg.task, cfg.demo_optimal_prob), cfg.demo_max_turns)
+    tmp = build_folder(out)
+    build_tokenizer(cfg, tmp)
+    (tmp / "DONE").write_text("ok\n")
+    return publish_folder(tmp, out, "DONE")
+
+
 def ensure_default_model(cfg: DefaultModelConfig) -> Path:
     """Return the folder of the warm-started default model, building it on first use."""
-    root = Path(cfg.cache_dir) if cfg.cache_dir else cache_root()
-    out = root / f"default-model-{_key(cfg)}"
+    out = _cached(cfg)
     if (out / "config.json").exists() and (out / "DONE").exists():
         log.info("using cached default model %s", out)
         return out
-    log.info("building the embedded default model in %s", out)
+    try_teacher(cfg.task, cfg.seed, optimal_prob(cfg.task, cfg.demo_optimal_prob), cfg.demo_max_turns)
+    log.info("building the embedded default model in %s: a tokenizer, then %d warm-start steps of %d "
+             "demonstrations of %s (a minute or two on 2 cores; cached for the next run with these settings "
+             "and this teacher code)", out, cfg.sft_steps, cfg.sft_batch_size, cfg.task)
     # Built in a folder of this process's own and renamed into place: two runs (or test workers) that
     # start on the same empty cache build side by side, and neither reads the other's half-written files.
     tmp = build_folder(out)

@@ -39,6 +39,7 @@ from agentrl.run.checkpoint import (CheckpointError, CheckpointStore, Checkpoint
 from agentrl.run.checkpoint.preempt import RunStopped, StopRequest
 from agentrl.config import Config, ConfigError
 from agentrl.data import TaskStream
+from agentrl.models.demos import start_verdict
 from agentrl.telemetry.learning_signal import SignalWatch, filter_streak_limit, signal_metrics, step_signal
 from agentrl.telemetry.metrics import MetricsSink
 from agentrl.telemetry.tool_use import ToolUseWatch
@@ -259,6 +260,10 @@ class RLRun:
         if cfg.train.eval_before and self.resumed is None:
             self.kept["eval_before"] = (await self._evaluate("before")).__dict__
             log.info("eval before RL: %s", self.kept["eval_before"])
+            if cfg.model.path is None and (why := start_verdict(self.kept["eval_before"]["score"],
+                                                                self.kept["eval_before"]["success_rate"],
+                                                                cfg.model.default)):
+                raise ConfigError(why)  # ends the run as an input error (exit 2), before any RL step
         summary.update(self.kept)
         if self.resumed is not None:
             summary["resumed"] = self.resumed

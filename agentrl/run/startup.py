@@ -66,31 +66,53 @@ def check_model(model) -> None:
     stay_offline(model.allow_download)
     if model.path:
         check_model_path(model.path, model.allow_download)
+    elif getattr(model, "default", None) is not None:  # the RL tree: the warm start's teacher, tried first
+        check_teacher(model.default)
 
 
-def check_model_path(path: str, allow_download: bool = False) -> None:
+def check_teacher(default) -> None:
+    """The embedded default's teacher run on a few demo tasks, before any build: its failure (file:line,
+    the task) is a config error like an Env's."""
+    from agentrl.models.demos import TeacherError, optimal_prob, try_teacher
+
+    try:
+        try_teacher(default.task, default.seed, optimal_prob(default.task, default.demo_optimal_prob),
+                    default.demo_max_turns)
+    except TeacherError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_model_path(path: str, allow_download: bool = False, key: str = "model.path") -> None:
     """A named model (agentrl.models.named), a local Hugging Face folder, or a hub id whose every file the
-    loaders read is in the local cache: nothing is downloaded at run time unless `allow_download`."""
+    loaders read is in the local cache: nothing is downloaded at run time unless `allow_download`. `key`:
+    the config key that named it, for the message (the policy's model.path, the teacher's algo.teacher.model)."""
     from agentrl.models.named import ModelNotAvailable, check_available, is_hub_id, is_named
 
     if is_named(path):
         try:
             return check_available(path)
         except ModelNotAvailable as exc:
-            raise ConfigError(f"model.path: {exc}") from None
+            raise ConfigError(f"{key}: {exc}") from None
     folder = Path(path).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
-            raise ConfigError(f"model.path={path!r}: the folder has no config.json (not a Hugging Face model folder)")
+            raise ConfigError(f"{key}={path!r}: the folder has no config.json (not a Hugging Face model folder)")
         return
     if folder.exists():
-        raise ConfigError(f"model.path={path!r} is a file; pass a Hugging Face model folder")
+        raise ConfigError(f"{key}={path!r} is a file; pass a Hugging Face model folder")
     if is_hub_id(path):
-        return None if allow_download else _check_hub_cache(path)
-    raise ConfigError(f"model.path={path!r}: no such folder")
+        return None if allow_download else _check_hub_cache(path, key)
+    raise ConfigError(f"{key}={path!r}: no such folder")
 
 
-def _check_hub_cache(repo_id: str) -> None:
+def check_teacher_model(cfg: Config) -> None:
+    """algo.teacher.model (the distillation teacher) checked as model.path is, before any engine starts (its
+    tokenizer is compared with the student's later, once that is loaded: agentrl.models.teacher.resolve_teacher)."""
+    if cfg.algo.teacher is not None:
+        check_model_path(cfg.algo.teacher.model, cfg.model.allow_download, "algo.teacher.model")
+
+
+def _check_hub_cache(repo_id: str, key: str = "model.path") -> None:
     from huggingface_hub import constants
 
     from agentrl.models.named import missing_hub_files
@@ -101,7 +123,7 @@ def _check_hub_cache(repo_id: str) -> None:
     where = snapshot or Path(constants.HF_HUB_CACHE)
     lead = ("no such folder, and no model of that id in the local Hugging Face cache" if snapshot is None else
             f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not in the local Hugging Face cache")
-    raise ConfigError(f"model.path={repo_id!r}: {lead} ({where}); nothing is downloaded unless "
+    raise ConfigError(f"{key}={repo_id!r}: {lead} ({where}); nothing is downloaded unless "
                       f"model.allow_download=true. Fetch it where the hub is reachable with `hf download "
                       f"{repo_id}` into this cache (HF_HOME / HF_HUB_CACHE), pass a local folder, or set "
                       f"model.allow_download=true")
@@ -113,12 +135,18 @@ def resolve_model(cfg: Config) -> str:
     return resolve_path(cfg.model.path, cfg.model.default)
 
 
-async def load_model_format(cfg: Config):
+async def load_model_format(cfg: Config, tokenizer_only: bool = False):
     """(model folder, tokenizer, ChatFormat) of the configured model; a named model is prepared on first
-    use. ConfigError when its chat template would not keep the token ledger exact."""
+    use. ConfigError when its chat template would not keep the token ledger exact. `tokenizer_only`: of
+    the embedded default, a folder with its tokenizer alone when the model is not built yet (seconds)."""
     from agentrl.data.chat import ChatFormat, load_tokenizer
 
-    model_path = await asyncio.to_thread(resolve_model, cfg)
+    if tokenizer_only and not cfg.model.path:
+        from agentrl.models.default import ensure_default_tokenizer
+
+        model_path = str(await asyncio.to_thread(ensure_default_tokenizer, cfg.model.default))
+    else:
+        model_path = await asyncio.to_thread(resolve_model, cfg)
     tokenizer = load_tokenizer(model_path)
     try:
         return model_path, tokenizer, ChatFormat(tokenizer)
@@ -151,6 +179,7 @@ def prepare(cfg: Config) -> Prepared:
         raise ConfigError(f"env.import_path: {exc}") from None
     train_tasks, eval_tasks = _load_tasks(cfg, env_cls)
     check_model(cfg.model)
+    check_teacher_model(cfg)
     try:
         check_sources(cfg.rewards)
     except ValueError as exc:
