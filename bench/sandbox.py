@@ -12,6 +12,15 @@ number of calls two ways, side by side:
              answers JSON.
 Prints calls/s and p50 / p99 latency of each, and sandbox/bare p50 (the per-call overhead). Goals:
 overhead <= 1.5x a bare subprocess at concurrency 1; >= 30 trivial sandbox calls/s.
+
+    python bench/sandbox.py --totals
+
+The call's bound as a whole instead (rewards.servers.sandbox_bound): one /run_code call forking N
+children that each fill M MiB and hold it, for (N, M) in 1x512, 4x800, 16x256, 64x100, under a server
+at its defaults (1024 MiB and 64 processes a call, --warm 0), once with the cgroup and once with the
+watchdog (--bound watchdog). Prints the call's status and the most memory its processes held at once,
+measured from outside: RssAnon + RssShmem of the server's descendants polled from /proc (pages a fork
+shares count once per process), and the cgroup's own memory.max_usage_in_bytes where there is one.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -105,10 +115,96 @@ async def bench(url: str, args: argparse.Namespace) -> list[list[object]]:
     return rows
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+TOTALS_CASES = ((1, 512), (4, 800), (16, 256), (64, 100))
+FILL = """
+import os, time
+kids = []
+for _ in range({n}):
+    pid = os.fork()
+    if pid == 0:
+        x = b"x" * ({mib} << 20)
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+print(sum(os.waitpid(k, 0)[1] == 0 for k in kids), "of {n} held {mib} MiB")
+"""
+
+
+def _descendants_resident_mib(server: int) -> float:
+    parents = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            parents[int(pid)] = int(stat[stat.rfind(b")") + 2:].split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    total = 0
+    for pid in parents:
+        up = parents.get(pid)
+        while up not in (None, 0, 1, server):
+            up = parents.get(up)
+        if up == server:
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    total += sum(int(line.split()[1]) for line in f if line.startswith(("RssAnon:", "RssShmem:")))
+            except OSError:
+                pass
+    return total / 1024
+
+
+def _server_cgroup_peak(server: int, reset: bool = False) -> str:
+    """The server's memory cgroup's max_usage_in_bytes in MiB (cgroup v1; '-' without one); `reset` zeroes it."""
+    try:
+        own = next(line.split(":", 2)[2] for line in open(f"/proc/{server}/cgroup") if ":memory:" in line)
+        path = f"/sys/fs/cgroup/memory{own.rstrip()}/agentrl-sandbox-{server}/memory.max_usage_in_bytes"
+        if reset:
+            with open(path, "w") as f:
+                f.write("0")
+        with open(path) as f:
+            return f"{int(f.read()) / 2**20:.0f}"
+    except (OSError, StopIteration):
+        return "-"
+
+
+def totals(args: argparse.Namespace) -> None:
+    rows: list[list[object]] = []
+    for bound in ("cgroup", "watchdog"):
+        proc, url = start_server(args, ["--bound", bound, "--warm", "0", "--timeout", "30", "--cpu-s", "30"])
+        try:
+            health = httpx.get(url + "/health").json()
+            for n, mib in TOTALS_CASES:
+                progress(f"{bound}: {n} x {mib} MiB")
+                _server_cgroup_peak(proc.pid, reset=True)
+                peak, done = [0.0], threading.Event()
+
+                def sample() -> None:
+                    while not done.is_set():
+                        peak[0] = max(peak[0], _descendants_resident_mib(proc.pid))
+
+                sampler = threading.Thread(target=sample)
+                sampler.start()
+                try:
+                    body = {"code": FILL.format(n=n, mib=mib), "language": "python"}
+                    result = httpx.post(url + "/run_code", json=body, timeout=120).json()
+                finally:
+                    done.set()
+                    sampler.join()
+                said = result["message"] or result["run_result"]["stdout"].strip()
+                rows.append([f"{health['bound']} ({health['isolation']})", f"{n} x {mib}", n * mib, 1024,
+                             f"{peak[0]:.0f}", _server_cgroup_peak(proc.pid), result["status"], said[:60]])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    print(table(["bound", "N x MiB", "tried MiB", "bound MiB", "peak RSS sampled", "cgroup max usage", "status",
+                 "message / output"], rows,
+                title=f"one call, N processes x M MiB each, {os.cpu_count()} cpus; peaks in MiB, from outside"))
+
+
+def start_server(args: argparse.Namespace, extra: list[str] | None = None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "rewards.servers.sandbox", "--port", "0", "--isolation",
-                             args.isolation, "--max-concurrency", str(max(args.concurrency))], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
+                             args.isolation, "--max-concurrency", str(max(args.concurrency)), *(extra or [])],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline().strip()  # "sandbox server listening on http://127.0.0.1:PORT"
     if not line.startswith("sandbox server listening on "):
         proc.kill()
@@ -121,7 +217,11 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=120, help="calls per cell for print(1); half for the sleep")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--isolation", default="auto", choices=["auto", "bwrap", "unshare"])
+    parser.add_argument("--totals", action="store_true", help="the call's bound as a whole instead (see above)")
     args = parser.parse_args()
+    if args.totals:
+        totals(args)
+        return
     proc, url = start_server(args)
     try:
         isolation = httpx.get(url + "/health").json()["isolation"]

@@ -90,7 +90,12 @@ def test_server_run_as_nobody(unprivileged, isolation):
     url, pid = unprivileged[isolation]
     uid = [line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("Uid:")]
     assert uid == (["65534"] if os.geteuid() == 0 else [str(os.getuid())])
-    assert httpx.get(url + "/health").json() == {"status": "ok", "isolation": isolation}
+    # nobody cannot make a cgroup here (cgroup v1, owned by root): the watchdog bounds each call as a whole
+    assert httpx.get(url + "/health").json() == {"status": "ok", "isolation": isolation, "bound": "watchdog"}
+    memory = call(url, "import os\nfor _ in range(3):\n    if os.fork() == 0:\n        x = b'x' * (100 << 20)\n"
+                       "        import time; time.sleep(5)\n        os._exit(0)\nos.wait()")
+    assert memory == {"content": "[memory limit: the call's processes used over 256 MiB in all; killed]",
+                      "is_error": True}
     assert call(url, "print(6 * 7)") == {"content": "42\n", "is_error": False}
     assert_contained(url, pid, "the server's environment through /proc")
     assert_contained(url, pid, "killing or signalling the parent")

@@ -12,12 +12,23 @@ Run it with `python -m rewards.servers.sandbox --port 8766` (loopback by default
     POST /run_code  Sandbox Fusion's API (the `sandbox-fusion` client's RunCodeRequest -> RunCodeResponse),
                     languages "python" and "bash"; fetch_files is refused by name; `memory_limit_MB` (a
                     field of Sandbox Fusion's server the 0.3.7 client lacks: raw JSON) lowers the call's
-                    address-space limit; above --memory-mb it runs at --memory-mb and `message` says so
-    GET  /health    -> 200 {"status": "ok", "isolation": "bwrap" | "unshare" | "none"}
-    GET  /stats     -> 200 {"calls", "failed", "timeouts", "in_flight", "max_in_flight"}
+                    address-space limit (and its total, --call-memory-mb); above --memory-mb it runs at
+                    --memory-mb and `message` says so
+    GET  /health    -> 200 {"status": "ok", "isolation": "bwrap" | "unshare" | "none",
+                            "bound": "cgroup v2" | "cgroup v1" | "watchdog"}
+    GET  /stats     -> 200 {"calls", "failed", "timeouts", "memory_limit", "process_limit", "cpu_limit",
+                            "in_flight", "max_in_flight", "memory_held_mb", "max_memory_held_mb",
+                            "waiting_for_memory"}
+
+A call over its bound as a whole (--call-memory-mb, --processes, --call-cpus: sandbox_bound.py) is ended
+and answered like a timeout: /call's content ends with "[memory limit: ...]" (or "process limit",
+"CPU limit") and is_error true; /run_code's status is "Failed", its message that line, its run_result
+"Error" with return_code -9. Calls together hold at most --server-memory-mb (sandbox_budget.py): a call
+whose bound does not fit waits its turn.
 
 Every call runs in a fresh sandbox (sandbox_isolation.py: bubblewrap, else unshare, else a start-up
-error naming why; `--isolation none` only when asked for) with the limits of sandbox_run.SandboxLimits;
+error naming why; `--isolation none` only when asked for) with the limits of sandbox_run.SandboxLimits,
+bounded as a whole by a cgroup where the server can make one, else by a watchdog (one start-up line says which);
 `--warm N` sandboxes are kept started ahead of their calls (sandbox_pool.py), each used for one call.
 """
 
@@ -34,9 +45,13 @@ from collections import Counter
 from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rewards.servers import errors, read_json, run_server
+from rewards.servers import sandbox_bound
+from rewards.servers.sandbox_bound import IDLE_SANDBOX_MB, BoundName, Bounds
+from rewards.servers.sandbox_budget import MemoryBudget
+from rewards.servers.sandbox_cgroup import NoCgroup
 from rewards.servers.sandbox_isolation import Isolation, IsolationName, SandboxUnavailable, choose
 from rewards.servers.sandbox_pool import WarmPool
 from rewards.servers.sandbox_run import RunResult, SandboxLimits, run_sandboxed
@@ -56,6 +71,14 @@ TOOL_SPECS: dict[str, dict[str, Any]] = {
                        "required": ["command"]}}},
 }
 TOOL_ARGUMENT = {"python": "code", "shell": "command"}
+LIMIT_STATS = {"memory": "memory_limit", "processes": "process_limit", "cpu": "cpu_limit"}
+
+
+def default_server_memory_mb() -> int:
+    """A third of this machine's memory (8 GiB of a 24 GiB one): the rest is the learner's and the engine's."""
+    with open("/proc/meminfo") as f:
+        total_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return max(1024, total_kib // 1024 // 3)
 
 
 class SandboxServerConfig(BaseModel):
@@ -72,6 +95,18 @@ class SandboxServerConfig(BaseModel):
     tools: tuple[Literal["python", "shell"], ...] = Field(("python",), min_length=1,
                                                           description="tools GET /tools lists")
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    bound: BoundName = Field("auto", description="what bounds each call as a whole: auto = a cgroup where one "
+                                                 "can be made, else the watchdog")
+    server_memory_mb: int = Field(default_factory=default_server_memory_mb, ge=64,
+                                  description="memory of all running calls together, MiB (default: a third of "
+                                              "the machine's); a call whose bound does not fit waits")
+
+    @model_validator(mode="after")
+    def _a_call_fits_the_server(self) -> "SandboxServerConfig":
+        if self.limits.call_memory_mb > self.server_memory_mb:
+            raise ValueError(f"limits.call_memory_mb {self.limits.call_memory_mb} is over server_memory_mb "
+                             f"{self.server_memory_mb}: no call could ever run")
+        return self
 
 
 class RunCodeRequest(BaseModel):
@@ -93,23 +128,29 @@ CONFIG = web.AppKey("config", SandboxServerConfig)
 SLOTS = web.AppKey("slots", asyncio.Semaphore)
 STATS = web.AppKey("stats", Counter)
 POOL = web.AppKey("pool", WarmPool)
+BOUNDS = web.AppKey("bounds", Bounds)
+BUDGET = web.AppKey("budget", MemoryBudget)
 
 
 async def _run(app: web.Application, mode: Literal["python", "shell"], code: str, merge_stderr: bool = True,
                **kwargs: Any) -> RunResult:
-    """One call under the server's limits (`kwargs` may lower wall_s and memory_mb: run_sandboxed)."""
-    stats = app[STATS]
-    async with app[SLOTS]:
+    """One call under the server's limits (`kwargs` may lower wall_s and memory_mb: run_sandboxed), once
+    its memory bound fits the server's total and a slot is free."""
+    stats, limits = app[STATS], app[CONFIG].limits
+    need_mb = limits.lowered(kwargs.get("wall_s"), kwargs.get("memory_mb")).call_memory_mb
+    async with app[BUDGET].hold(need_mb), app[SLOTS]:
         stats["in_flight"] += 1
         stats["max_in_flight"] = max(stats["max_in_flight"], stats["in_flight"])
         try:
-            result = await run_sandboxed(app[ISOLATION], mode, code, app[CONFIG].limits, merge_stderr=merge_stderr,
+            result = await run_sandboxed(app[ISOLATION], mode, code, limits, app[BOUNDS], merge_stderr=merge_stderr,
                                          started=app[POOL].take(merge_stderr), **kwargs)
         finally:
             stats["in_flight"] -= 1
     stats["calls"] += 1
     stats["failed"] += not result.ok
     stats["timeouts"] += result.timed_out
+    if result.limit is not None:
+        stats[LIMIT_STATS[result.limit.kind]] += 1
     return result
 
 
@@ -140,12 +181,13 @@ async def call(request: web.Request) -> web.Response:
 
 
 def _command_result(result: RunResult, wall_s: float, limits: SandboxLimits) -> dict[str, Any]:
-    status = "TimeLimitExceeded" if result.timed_out else "Error" if result.output_overflow else "Finished"
+    killed = result.output_overflow or result.limit is not None  # by the server, not by a deadline
+    status = "TimeLimitExceeded" if result.timed_out else "Error" if killed else "Finished"
     stderr = result.stderr.decode(errors="replace")
-    if result.output_overflow:
+    if killed:
         stderr += f"\n[{result.describe_failure(limits, wall_s)}]"
     return {"status": status, "execution_time": round(result.seconds, 4), "cpu_time": None,
-            "return_code": -9 if result.output_overflow else result.exit_code,
+            "return_code": -9 if killed else result.exit_code,
             "stdout": result.stdout.decode(errors="replace"), "stderr": stderr}
 
 
@@ -182,30 +224,40 @@ async def run_code(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "isolation": request.app[ISOLATION].name})
+    return web.json_response({"status": "ok", "isolation": request.app[ISOLATION].name,
+                              "bound": request.app[BOUNDS].name})
 
 
 async def stats(request: web.Request) -> web.Response:
-    keys = ("calls", "failed", "timeouts", "in_flight", "max_in_flight")
-    return web.json_response({k: request.app[STATS][k] for k in keys})
+    keys = ("calls", "failed", "timeouts", *LIMIT_STATS.values(), "in_flight", "max_in_flight")
+    budget = request.app[BUDGET]
+    return web.json_response({**{k: request.app[STATS][k] for k in keys}, "memory_held_mb": budget.held_mb,
+                              "max_memory_held_mb": budget.max_held_mb, "waiting_for_memory": budget.waiting})
 
 
 def make_app(config: SandboxServerConfig) -> web.Application:
-    """The server's app; SandboxUnavailable (raised here, at start-up) when no isolation asked for works."""
+    """The server's app; SandboxUnavailable (raised here, at start-up) when no isolation asked for works,
+    NoCgroup when `bound` is "cgroup" and none can be made here."""
     isolation = choose(config.isolation, config.python, config.sandbox_uid)
+    # the server's cgroup: the calls' total, and room for the sandboxes started ahead (both kinds)
+    idle_mb = (2 * config.warm + 2) * IDLE_SANDBOX_MB
+    bounds = sandbox_bound.choose(config.bound, config.python, (config.server_memory_mb + idle_mb) << 20)
+    log.info("%s", sandbox_bound.describe(bounds, config.limits.totals(), config.server_memory_mb))
     if isolation.name == "none":
         log.warning("sandbox isolation is OFF (--isolation none): model code runs as this server's user with "
                     "its files and network")
     app = web.Application(middlewares=[errors], client_max_size=16 << 20)
     app[ISOLATION], app[CONFIG] = isolation, config
     app[SLOTS], app[STATS] = asyncio.Semaphore(config.max_concurrency), Counter()
-    app[POOL] = WarmPool(isolation, config.limits, config.warm)
+    app[BOUNDS], app[BUDGET] = bounds, MemoryBudget(config.server_memory_mb)
+    app[POOL] = WarmPool(isolation, config.limits, config.warm, bounds)
 
     async def start_pool(app: web.Application) -> None:
         app[POOL].fill()
 
     async def stop_pool(app: web.Application) -> None:
         await app[POOL].close()
+        app[BOUNDS].close()
 
     app.on_startup.append(start_pool)
     app.on_cleanup.append(stop_pool)
@@ -227,6 +279,11 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warm", type=int, default=defaults.warm, help="sandboxes started ahead of their calls")
     parser.add_argument("--sandbox-uid", type=int, default=defaults.sandbox_uid,
                         help="uid sandboxes run as when the server runs as root")
+    parser.add_argument("--bound", default="auto", choices=["auto", "cgroup", "watchdog"],
+                        help="what bounds each call as a whole: auto = a cgroup where one can be made, else the "
+                             "watchdog; cgroup = refuse to start without one")
+    parser.add_argument("--server-memory-mb", type=int, default=defaults.server_memory_mb,
+                        help="memory of all running calls together, MiB (default: a third of this machine's)")
     for name, info in SandboxLimits.model_fields.items():
         flag = "--timeout" if name == "wall_s" else "--" + name.replace("_", "-")
         parser.add_argument(flag, dest=name, type=type(getattr(limits, name)), default=getattr(limits, name),
@@ -237,7 +294,7 @@ def _config(args: argparse.Namespace) -> SandboxServerConfig:
     limits = {name: getattr(args, name) for name in SandboxLimits.model_fields}
     return SandboxServerConfig(isolation=args.isolation, python=args.python, tools=tuple(args.tools.split(",")),
                                max_concurrency=args.max_concurrency, sandbox_uid=args.sandbox_uid, warm=args.warm,
-                               limits=limits)
+                               limits=limits, bound=args.bound, server_memory_mb=args.server_memory_mb)
 
 
 def _make_app_or_exit(args: argparse.Namespace) -> web.Application:
@@ -250,7 +307,7 @@ def _make_app_or_exit(args: argparse.Namespace) -> web.Application:
         return make_app(config)
     except ValidationError as exc:
         raise SystemExit(f"sandbox server: bad option: {exc}") from None
-    except SandboxUnavailable as exc:
+    except (SandboxUnavailable, NoCgroup) as exc:
         raise SystemExit(f"sandbox server cannot start: {exc}") from None
 
 

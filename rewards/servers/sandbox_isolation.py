@@ -4,7 +4,7 @@ process credentials it starts with, and the start-up probe that picks one or say
 Every isolation runs the same in-sandbox code (sandbox_boot.py, after sandbox_unshare.py for
 `unshare`) on the system python, from a clean environment. bwrap and unshare give each call fresh
 user, pid, mount, network, ipc and uts namespaces: no network (not even the host's loopback; a loopback
-of its own), a root holding only read-only binds of /usr, /bin, /lib* and the interpreter's prefix, an
+of its own), a root holding only read-only binds of /usr, /bin, /lib* and the interpreter's runtime, an
 /etc with only `hosts` (localhost), the hostname "sandbox", a fresh /proc that shows only the sandbox's
 own processes, and two size-bounded tmpfs as the only writable places: /tmp (the working directory) and
 /dev/shm (POSIX shared memory, which multiprocessing's locks and queues need; the rest of /dev stays
@@ -18,6 +18,7 @@ does that drop, and sets a parent-death SIGKILL so a sandbox never outlives a ki
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import marshal
 import os
@@ -55,18 +56,44 @@ class Layout:
     symlinks: dict[str, str] = field(default_factory=dict)
 
 
+# what the interpreter itself says it runs from: its binary, standard library (lib-dynload is in it, or on
+# sys.path), its own site-packages, and the folder of its shared libraries (libpython, a conda env's others)
+RUNTIME_PROBE = ("import json, sys, sysconfig\np = sysconfig.get_paths()\n"
+                 "print(json.dumps([sys.executable, p['stdlib'], p['platstdlib'], p['purelib'], p['platlib'], "
+                 "*sys.path[1:], sysconfig.get_config_var('LIBDIR') or '']))")
+
+
+def runtime_paths(python: str) -> list[str]:
+    """The files and folders `python` needs to run with its own packages, nothing else of its prefix: its
+    binary, its stdlib (lib-dynload included), its site-packages, and the shared libraries (lib*.so*) in its
+    LIBDIR. A prefix may hold much besides (other tools in bin/, include/, share/, other versions beside it,
+    whatever was left there); none of that is the runtime."""
+    done = subprocess.run([python, "-I", "-c", RUNTIME_PROBE], capture_output=True, text=True, timeout=60,
+                          env=CLEAN_ENV)
+    if done.returncode != 0:
+        raise SandboxUnavailable(f"the sandbox's python {python} does not run: {done.stderr.strip()[-300:]}")
+    executable, *folders, libdir = json.loads(done.stdout)
+    paths = [os.path.realpath(executable), *(os.path.realpath(f) for f in folders if os.path.isdir(f))]
+    if os.path.isdir(libdir):
+        paths += sorted(os.path.join(libdir, n) for n in os.listdir(libdir)
+                        if n.startswith("lib") and ".so" in n and os.path.isfile(os.path.join(libdir, n)))
+    return paths
+
+
 def system_layout(python: str) -> Layout:
     """The system folders as they are on this host (merged /usr: /bin is a symlink to usr/bin) plus the
-    interpreter's prefix when it lies outside them."""
+    interpreter's runtime (runtime_paths) where it lies outside them. /usr/bin/python3's is all in /usr,
+    its dist-packages included: the system's own packages, as a Sandbox Fusion image or an e2b template
+    has its runtime's packages."""
     binds, links = [], {}
     for folder in SYSTEM_FOLDERS:
         if os.path.islink(folder):
             links[folder] = os.readlink(folder)
         elif os.path.isdir(folder):
             binds.append(folder)
-    prefix = str(Path(os.path.realpath(python)).parent.parent)
-    if not any(prefix == b or prefix.startswith(b + "/") for b in binds):
-        binds.append(prefix)
+    for path in sorted(set(runtime_paths(python)), key=len):  # a folder before what lies in it
+        if not any(path == b or path.startswith(b + "/") for b in binds):
+            binds.append(path)
     return Layout(tuple(binds), links)
 
 
@@ -82,6 +109,12 @@ class Isolation:
     tool: str = ""  # the bwrap or unshare executable
     uid: int | None = None  # run sandboxes as this uid (when the server is root)
     setpriv: str = ""  # util-linux's setpriv: drops root to `uid`, and ties the sandbox's life to the server's
+
+    @property
+    def launcher_tasks(self) -> int:
+        """Processes a sandbox runs besides the code's own: bwrap's outer one and its pid namespace's init;
+        unshare and the python that stays the namespace's init (sandbox_unshare.py); none for `none`."""
+        return 0 if self.name == "none" else 2
 
     @contextlib.contextmanager
     def launch(self, tmp_bytes: int, shm_bytes: int) -> Iterator[tuple[list[str], tuple[int, ...]]]:
@@ -160,6 +193,7 @@ def choose(name: IsolationName, python: str, uid: int | None) -> Isolation:
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         raise SandboxUnavailable(f"the sandbox's python {python} is not an executable file; pass --python with "
                                  "the system python3 (e.g. /usr/bin/python3)")
+    python = os.path.realpath(python)  # the binary runtime_paths binds, not a link to it that is not there
     layout = system_layout(python)
     setpriv = shutil.which("setpriv") or ""
     if os.geteuid() != 0:

@@ -46,6 +46,7 @@ def _mount(source, target, fstype, flags, data=None):
 
 def _bind_read_only(source, target, is_file=False):
     if is_file:
+        os.makedirs(os.path.dirname(target), exist_ok=True)  # an interpreter's binary or shared library
         open(target, "w").close()
     else:
         os.makedirs(target, exist_ok=True)
@@ -63,7 +64,7 @@ def _build_root(tmp_bytes, shm_bytes, hosts, entries):
         if target:
             os.symlink(target, root + link)
         else:
-            _bind_read_only(entry, root + entry)
+            _bind_read_only(entry, root + entry, os.path.isfile(entry))
     os.mkdir(root + "/proc")
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.mkdir(root + "/dev")
