@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
+from agentrl.utils.extras import MissingExtra
 from agentrl.utils.tracebacks import user_frame
 
 V = TypeVar("V")
@@ -54,6 +55,8 @@ def import_user_module(name: str) -> ModuleType:
     user's code; for a SyntaxError the line the parser stopped at)."""
     try:
         return importlib.import_module(name)
+    except MissingExtra:
+        raise  # an optional install that is not there: its own line names the install command
     except ModuleNotFoundError as exc:
         if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
             raise  # `name` itself (or its package) is missing: not an error inside the user's code
