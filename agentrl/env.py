@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 # ToolCall and the default (Hermes) parser live in agentrl.rollout.tools; re-exported here for existing imports.
 from agentrl.rollout.tools import ToolCall  # noqa: F401
@@ -101,10 +101,14 @@ class AgentEnv(Environment):
 
     is_agent = True
     tools: list[dict[str, Any]] = []  # the agent sends its tools with each request; none are declared up front
+    # The client `run` is given, both on the episode's session: "openai" (`openai.AsyncOpenAI`) or
+    # "anthropic" (`anthropic.AsyncAnthropic`, served by the endpoint's /v1/messages).
+    api: Literal["openai", "anthropic"] = "openai"
 
     @abstractmethod
     async def run(self, client: Any, task: dict[str, Any]) -> float | dict[str, Any] | None:
-        """Play the task with `client` (an `openai.AsyncOpenAI`); return its reward."""
+        """Play the task with `client` (an `openai.AsyncOpenAI`, or an `anthropic.AsyncAnthropic` when
+        `api = "anthropic"`); return its reward."""
 
 
 def agent_from_function(fn: Any, name: str) -> type[AgentEnv]:

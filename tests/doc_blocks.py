@@ -116,8 +116,8 @@ def strip_comment(line: str) -> str:
 def doc_files(root: Path = ROOT) -> list[Path]:
     """README.md first (its first command builds the default model on the empty cache), then the docs
     site's pages, then the examples' READMEs."""
-    return [root / "README.md", *sorted((root / "docs").glob("**/*.md")),
-            *sorted((root / "examples").glob("**/README.md"))]
+    examples = [p for p in sorted((root / "examples").glob("**/README.md")) if "node_modules" not in p.parts]
+    return [root / "README.md", *sorted((root / "docs").glob("**/*.md")), *examples]  # not npm packages' pages
 
 
 def parse_markers(lines: list[str], fence: int, where: str) -> tuple[tuple | None, list[tuple[str, tuple]]]:

@@ -98,12 +98,15 @@ def ledger_around_turns(fmt, ep: dict) -> list[int]:
     return tokens
 
 
-def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_model):
-    """examples/agents/openai_agent.py: the same task as plain `openai` code, through the run's endpoint."""
+@pytest.mark.parametrize("example", ["openai_agent", "anthropic_agent"])
+def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_model, example):
+    """examples/agents/openai_agent.py: the same task as plain `openai` code, through the run's endpoint;
+    examples/agents/anthropic_agent.py: the same again on the `anthropic` client (/v1/messages), whose
+    conversation renders to the same ledger."""
     from agentrl.data.chat import ChatFormat, load_tokenizer
 
     out = tmp_path / "run"
-    train("examples/agents/openai_agent.yaml", out, calculator_model, f"env.kwargs.tool_url={tool_server}", "train.steps=2",
+    train(f"examples/agents/{example}.yaml", out, calculator_model, f"env.kwargs.tool_url={tool_server}", "train.steps=2",
           "train.save_rollouts=true")
     summary = json.loads((out / "summary.json").read_text())
     for key in ("eval_before", "eval_after"):
@@ -125,6 +128,24 @@ def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_
         assert ep["loss_mask"] == [int(i in gen) for i in range(len(ep["tokens"]))]
     for ep in rollouts:
         assert not ep["segments"] and all(v >= 0 for v, m in zip(ep["versions"], ep["loss_mask"]) if m)
+    check_learner_values(rollouts, records)
+
+
+def test_process_agent_trains_through_its_session(tmp_path, tool_server, calculator_model):
+    """examples/agents/process_agent.yaml: the same task as a standard-library program of its own, one
+    process per episode (ProcessAgentEnv), its tokens those of its session and its reward its file's."""
+    out = tmp_path / "run"
+    train("examples/agents/process_agent.yaml", out, calculator_model,
+          f"env.kwargs.env.CALCULATOR_TOOL_URL={tool_server}", "train.steps=2", "train.save_rollouts=true")
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("eval_before", "eval_after"):  # no episode failed: every process called the model, wrote its reward
+        assert summary[key]["n"] == 16 and summary[key]["failed"] == {}, summary[key]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["ledger/segments_split"] == 0 for r in records)
+    assert sum(r["tools/calls"] for r in records) > 0  # the program's tool calls, parsed from its session's turns
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 32 and all(ep["status"] in ("ok", "truncated") for ep in rollouts)
+    assert all(ep["reward"] in (0.0, 1.0) and "tool_success" in ep["info"]["env"] for ep in rollouts)
     check_learner_values(rollouts, records)
 
 

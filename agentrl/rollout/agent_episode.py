@@ -1,7 +1,8 @@
 """One AgentEnv episode: the agent's own OpenAI-client code, recorded by its session's ledger.
 
 `run_agent_episode` opens a session of the run's OpenAI endpoint on the episode's engine, gives the
-agent an `openai.AsyncOpenAI` whose base URL is that session, awaits `agent.run(client, task)` on
+agent an `openai.AsyncOpenAI` (or, for an agent whose `api` is "anthropic", an `anthropic.AsyncAnthropic`)
+whose base URL is that session, awaits `agent.run(client, task)` on
 this event loop under the episode deadline, and turns what it returns into the reward. The Episode
 the session filled is the training data, one row per ledger segment.
 
@@ -21,6 +22,8 @@ from agentrl.rollout.episode_base import finish_episode, new_episode
 from agentrl.rollout.session import Limits
 from agentrl.utils.tracebacks import describe
 from agentrl.types import Episode
+
+NO_REQUEST = "the agent returned without making a request"
 
 
 def make_server(spec: Any, engine: Any, server_cfg: Any) -> Any:
@@ -64,16 +67,17 @@ async def run_agent_episode(task: dict[str, Any], engine: Any, spec: Any, group_
     session.seed = seed
     agent = None
     try:
-        client = server.client(session.base_url, spec.cfg.turn_timeout_s + 5.0)
+        make = server.anthropic_client if getattr(spec.env_cls, "api", "openai") == "anthropic" else server.client
+        client = make(session.base_url, spec.cfg.turn_timeout_s + 5.0)
         async with asyncio.timeout(spec.cfg.episode_timeout_s):
             agent = spec.env_cls(**spec.env_kwargs)
             result = await agent.run(client, task)
+        if not session.requests:  # before the reward: an episode that never ran is no reward's
+            raise ValueError(NO_REQUEST)
         if result is None and spec.scored_by_sources:
             ep.info.setdefault("env", {})
         else:
             _take_result(ep, result)
-        if not session.requests:
-            raise ValueError("the agent returned without making a request")
         _set_status(ep, session, None)
     except TimeoutError:
         ep.status, ep.error = "timeout", "episode deadline exceeded"
@@ -97,3 +101,5 @@ def _set_status(ep: Episode, session: Any, exc: BaseException | None) -> None:
     elif exc is not None:
         ep.status = "env_error"
         ep.error, ep.traceback = describe(exc)
+        if not session.requests and str(exc) != NO_REQUEST:  # failed before its first request: say so too
+            ep.error += " (it never called the model)"

@@ -4,6 +4,8 @@
     POST /v1/chat/completions                 streaming or not; tool calls in OpenAI's `tool_calls` shape
     POST /v1/completions                      plain text (or token-id) prompts
     POST /v1/responses                        the Responses API on the same ledger (responses_protocol)
+    POST /v1/messages                         Anthropic's Messages API on the same ledger (messages_protocol)
+    POST /v1/messages/count_tokens            the prompt's tokens as the model would see it
     POST /sessions                            open a session: {"id", "base_url"} (agentrl.serve)
     GET  /sessions/<id>                       its ledger: tokens, loss mask, logprobs, versions, segments
     DELETE /sessions/<id>
@@ -16,8 +18,8 @@ Requests outside a session are served on a throwaway ledger; only they may ask f
 each its own sample (with a seed s, choice i samples with seed s + i).
 
 Binds 127.0.0.1 unless told otherwise; with `api_key` set, a request without
-`Authorization: Bearer <api_key>` is a 401. Local programs only (agentrl.utils.local_only): a foreign Host
-(beyond `server.allow_hosts`) or Origin is a 403, a POST that is not application/json a 415. Errors are in OpenAI's shape; an unknown session is a 404.
+`Authorization: Bearer <api_key>` (or, as Anthropic's clients send it, `x-api-key: <api_key>`) is a 401. Local programs only (agentrl.utils.local_only): a foreign Host
+(beyond `server.allow_hosts`) or Origin is a 403, a POST that is not application/json a 415. Errors are in OpenAI's shape (the Messages API's own shape under /v1/messages); an unknown session is a 404.
 
 Bounded for a shared machine: a session opened over HTTP is closed after `server.session_idle_timeout_s`
 without a request (a sweep), holds at most `server.session_max_turns` turns and `server.session_max_tokens`
@@ -32,8 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
 import time
 import uuid
@@ -47,21 +47,17 @@ from agentrl.data.chat import ChatFormat
 from agentrl.config import ServerConfig
 from agentrl.utils.http_common import BadRequestBody, loads_request
 from agentrl.utils.local_only import local_only, warn_if_exposed
+from agentrl.rollout import messages_protocol as msgs
 from agentrl.rollout import openai_protocol as proto
 from agentrl.rollout import responses_protocol as resp
 from agentrl.rollout.openai_protocol import ProtocolError
 from agentrl.rollout import serve_bounds as bounds
+from agentrl.rollout.wire import Sse, authorized, error_response
 from agentrl.rollout.session import ClientGone, Limits, Reply, Session
 from agentrl.rollout.tools import ToolFormat
 from agentrl.types import Episode
 
 log = logging.getLogger(__name__)
-
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-
-
-def _error(exc: ProtocolError) -> web.Response:
-    return web.json_response(proto.error_body(str(exc), exc.kind, exc.param, exc.code), status=exc.status)
 
 
 class OpenAIServer:
@@ -79,6 +75,7 @@ class OpenAIServer:
         self._runner: web.AppRunner | None = None
         self._sweeper: asyncio.Task | None = None
         self._client: Any = None  # the openai.AsyncOpenAI AgentEnv episodes share (`client`)
+        self._anthropic: Any = None  # the anthropic.AsyncAnthropic they share (`anthropic_client`)
         self.port = cfg.port
         self.app = self._app()
 
@@ -92,6 +89,8 @@ class OpenAIServer:
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_post(prefix + "/v1/completions", self._completions)
             app.router.add_post(prefix + "/v1/responses", self._responses)
+            app.router.add_post(prefix + "/v1/messages", self._messages)
+            app.router.add_post(prefix + "/v1/messages/count_tokens", self._count_tokens)
         app.router.add_post("/sessions", self._open)
         app.router.add_get("/sessions/{sid}", self._ledger)
         app.router.add_delete("/sessions/{sid}", self._close)
@@ -115,9 +114,10 @@ class OpenAIServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
             self._sweeper = None
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        for client in (self._client, self._anthropic):
+            if client is not None:
+                await client.close()
+        self._client = self._anthropic = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -136,6 +136,16 @@ class OpenAIServer:
             key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None) or "agentrl"
             self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
         return self._client.with_options(base_url=base_url, timeout=timeout_s)
+
+    def anthropic_client(self, base_url: str, timeout_s: float) -> Any:
+        """An `anthropic.AsyncAnthropic` on the session whose OpenAI base URL is `base_url` (the Anthropic
+        SDK appends `/v1/messages` itself), one connection pool per server, as `client`."""
+        import anthropic
+
+        if self._anthropic is None:
+            key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None) or "agentrl"
+            self._anthropic = anthropic.AsyncAnthropic(base_url=self.url, api_key=key, max_retries=0)
+        return self._anthropic.with_options(base_url=base_url.removesuffix("/v1"), timeout=timeout_s)
 
     # -- sessions ------------------------------------------------------------------------------------
 
@@ -172,23 +182,20 @@ class OpenAIServer:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None)
-        if key is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
-                self.counters["unauthorized"] += 1
-                body = proto.error_body("missing or wrong bearer token (Authorization: Bearer <api key>)",
-                                        "invalid_request_error", None, "invalid_api_key")
-                return web.json_response(body, status=401)
+        if key is not None and not authorized(request, key):
+            self.counters["unauthorized"] += 1
+            why = "missing or wrong API key (Authorization: Bearer <api key>, or x-api-key: <api key>)"
+            return error_response(ProtocolError(why, None, 401, "invalid_api_key"), request)
         try:
             return await handler(request)
         except ProtocolError as exc:
-            return _error(bounds.public(exc, f"{request.method} {request.path}"))
+            return error_response(bounds.public(exc, f"{request.method} {request.path}"), request)
         except (web.HTTPException, ConnectionError):  # aiohttp's 404/405/413; a client gone (an episode cancelled)
             raise
         except ClientGone:  # nobody is left to answer
             raise ConnectionResetError("the client disconnected") from None
         except Exception as exc:  # a bug here must still answer in OpenAI's shape: an id, the traceback logged
-            return _error(bounds.internal(f"OpenAI endpoint: {request.method} {request.path}", exc))
+            return error_response(bounds.internal(f"OpenAI endpoint: {request.method} {request.path}", exc), request)
 
     async def _models(self, request: web.Request) -> web.Response:
         self._find(request)
@@ -262,9 +269,11 @@ class OpenAIServer:
         return [t.result() for t in tasks]
 
     async def _serve(self, request: web.Request, req: Any, mode: str, whole: Callable[[list[Reply]], dict],
-                     pieces: Callable[[str, bool], list[dict]], finish: Callable[[Reply, str], list[dict]]):
+                     pieces: Callable[[str, bool], list[dict]], finish: Callable[[Reply, str], list[dict]],
+                     on_plan: Callable[[Any], None] | None = None):
         """One completion on the request's session: a JSON body (`whole` of its choices), or an event
-        stream of `pieces(text, first)` as text arrives, then `finish(reply, text streamed so far)`."""
+        stream of `pieces(text, first)` as text arrives, then `finish(reply, text streamed so far)`.
+        `on_plan(plan)` sees the planned prompt before anything is generated or streamed."""
         n, inside = req.sampling.n, request.match_info.get("sid") is not None
         if n > 1 and (inside or req.stream):
             raise ProtocolError("'n' must be 1 " + ("inside a session: its ledger holds one sample per request; "
@@ -277,6 +286,8 @@ class OpenAIServer:
         try:
             async with session.lock:
                 plan = session.plan_chat(req) if mode == "chat" else session.plan_text(req)
+                if on_plan is not None:
+                    on_plan(plan)
                 if not req.stream:
                     return web.json_response(whole([await session.complete(plan, mode, req.sampling)]))
                 return await self._stream(request, session, plan, req, mode, pieces, finish)
@@ -285,7 +296,7 @@ class OpenAIServer:
 
     async def _stream(self, request: web.Request, session: Session, plan: Any, req: Any, mode: str,
                       pieces: Callable[[str, bool], list[dict]], finish: Callable[[Reply, str], list[dict]]):
-        sse, streamed = _Sse(request), []
+        sse, streamed = Sse(request), []
 
         async def on_text(text: str) -> None:
             for chunk in pieces(text, not streamed):
@@ -359,35 +370,31 @@ class OpenAIServer:
         return await self._serve(request, req.chat, "chat", whole, lambda text, first: events.text(text),
                                  lambda reply, streamed: events.finish(reply))
 
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        req = msgs.parse_messages(await self._body(request))
+        mid, model = msgs.new_message_id(), req.model or self.cfg.model_name
+        events = msgs.MessageEvents(mid, model)
+
+        def planned(plan: Any) -> None:
+            events.input_tokens = len(plan.prompt)
+
+        return await self._serve(request, req.chat, "chat", lambda replies: msgs.message(mid, model, replies[0]),
+                                 lambda text, first: events.text(text), lambda reply, streamed: events.finish(reply),
+                                 planned)
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        """The prompt a `/v1/messages` request would be, in tokens: planned on its session (or a
+        throwaway ledger) without generating, so nothing is recorded."""
+        body = await self._body(request)
+        if isinstance(body, dict):
+            body = {"max_tokens": 1, **body}  # count_tokens takes no max_tokens
+        req = msgs.parse_messages(body)
+        session = self._session_for(request)
+        async with session.lock:
+            plan = session.plan_chat(req.chat)
+        return web.json_response({"input_tokens": len(plan.prompt)})
+
 
 def _usage(replies: list[Reply]) -> dict[str, int]:
     """The prompt once (every choice shares it), the completions summed."""
     return proto.usage(replies[0].prompt_tokens, sum(r.completion_tokens for r in replies))
-
-
-class _Sse:
-    """A server-sent-event stream whose headers go out with the first event, so an error raised
-    before anything was generated is still an ordinary JSON error with its status."""
-
-    def __init__(self, request: web.Request) -> None:
-        self.request = request
-        self.response: web.StreamResponse | None = None
-
-    async def send(self, obj: dict[str, Any]) -> None:
-        if self.response is None:
-            self.response = web.StreamResponse(headers=_SSE_HEADERS)
-            await self.response.prepare(self.request)
-        # Responses' events name their type in an `event:` line too, as OpenAI's server does.
-        event = f"event: {obj['type']}\n".encode() if isinstance(obj.get("type"), str) else b""
-        await self.response.write(event + b"data: " + json.dumps(obj).encode() + b"\n\n")
-
-    async def done(self) -> None:
-        await self.response.write(b"data: [DONE]\n\n")
-        await self.response.write_eof()
-
-    async def fail(self, exc: ProtocolError) -> web.StreamResponse:
-        if self.response is None:
-            return _error(exc)
-        await self.send(proto.error_body(str(exc), exc.kind, exc.param, exc.code))
-        await self.done()
-        return self.response

@@ -81,6 +81,7 @@ class Reply:
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    stop_sequence: str | None = None  # the request's stop string that ended the turn
 
 
 @dataclass
@@ -313,19 +314,19 @@ class Session:
         text = text[:len(text) - hold]
         return text.rstrip("\ufffd")
 
-    def _cut_at_stop(self, ids: list[int], stop: list[str]) -> tuple[list[int], str, bool]:
-        """(tokens kept, text returned, whether a stop string ended the turn): the shortest prefix of
-        the sampled tokens that contains the first stop string; the text ends before it."""
+    def _cut_at_stop(self, ids: list[int], stop: list[str]) -> tuple[list[int], str, str | None]:
+        """(tokens kept, text returned, the stop string that ended the turn or None): the shortest prefix
+        of the sampled tokens that contains the first stop string; the text ends before it."""
         text = self.fmt.tokenizer.decode(ids)
         hits = [(text.find(s), s) for s in stop if s in text]
         if not hits:
-            return ids, text, False
-        at = min(hits)[0]
+            return ids, text, None
+        at, first = min(hits)
         for k in range(1, len(ids) + 1):
             if len(self.fmt.tokenizer.decode(ids[:k])) > at and any(
                     s in self.fmt.tokenizer.decode(ids[:k]) for s in stop):
-                return ids[:k], text[:at], True
-        return ids, text[:at], True
+                return ids[:k], text[:at], first
+        return ids, text[:at], first
 
     async def complete(self, plan: _Plan, mode: str, s: Sampling, on_text: OnText | None = None) -> Reply:
         """Generate after `plan`, then commit the plan and the generation to the ledger."""
@@ -347,7 +348,7 @@ class Session:
         ep.messages.append({"role": "assistant", "content": raw})
         self.ended = ended
         finish = "stop" if ended or stopped else "length"
-        reply = Reply(text, text, [], finish, len(plan.prompt), n)
+        reply = Reply(text, text, [], finish, len(plan.prompt), n, stopped)
         if mode == "chat":
             self._record_reply(reply)
         else:
