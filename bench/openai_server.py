@@ -1,14 +1,16 @@
 """The OpenAI endpoint under 1,000 concurrent agent sessions: every request answered, the event-loop cost
-per request (goal < 1 ms), and every session's ledger exact with none mixed between sessions.
+per request (goal < 1 ms), and every session's ledger exact with none mixed between sessions; then the
+same conversations through Anthropic's Messages API (/v1/messages) on fresh sessions, side by side
+(goal: requests/s and latency within 5 % of chat completions).
 
-    .venv/bin/python bench/openai_server.py [--sessions 1000] [--turns 4] [--seed 0]
+    .venv/bin/python bench/openai_server.py [--sessions 1000] [--turns 4] [--seed 0] [--apis chat,messages]
 
 This process runs `OpenAIServer` on uvloop (the loop train.py uses) with an in-memory engine that
 answers each generation after one event-loop pass (a real engine wakes each request once per engine
 step). Its reply names the session and turn written at the end of the prompt's last user message
 ("s12 t3 done" for "[s12 t3]"), so a request that reached another session's ledger shows there.
 
-It opens every session up front and hands the base URLs to a client process (this file, `--client`:
+It opens every session up front and hands the base URLs to a client process (bench/_chat_clients.py:
 aiohttp on uvloop, one connection per session), so the clients' work is not on the server's loop.
 Each session is a multi-turn conversation, as an agent sends it: every turn re-sends the whole
 conversation plus the assistant reply as returned plus a new user message. Connections are opened
@@ -28,8 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
-import re
 import resource
 import sys
 import time
@@ -39,95 +39,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._chat_clients import MARK, OWNER, conversation, reply_text
 from bench._common import median, print_host, progress, run_uvloop, table
 
-MARK = re.compile(r"\[s(\d+) t(\d+)\]")  # what a user message ends with
-OWNER = re.compile(r"\bs(\d+) t\d+")  # a marker or a reply: the session it belongs to
-WORDS = "the keeper climbed stairs again counting each step as storm grew louder over dark sea".split()
 TAIL = 48  # prompt tokens the engine decodes: the last user message's end and the generation header
 GOAL_MS = 1.0
-
-
-# -- the conversations (shared by client and server) ---------------------------------------------------
-
-def user_text(i: int, t: int, seed: int) -> str:
-    """Session i's user message of turn t: a few seeded words (ledgers differ in length), then the marker."""
-    rng = random.Random(f"{seed}:{i}:{t}")
-    return " ".join(rng.choices(WORDS, k=rng.randint(3, 12))) + f". [s{i} t{t}]"
-
-
-def reply_text(i: int, t: int) -> str:
-    return f"s{i} t{t} done"
-
-
-def opening(i: int, seed: int) -> list[dict[str, Any]]:
-    return [{"role": "system", "content": "You are a storyteller."},
-            {"role": "user", "content": user_text(i, 0, seed)}]
-
-
-def conversation(i: int, turns: int, seed: int) -> list[dict[str, Any]]:
-    """Session i's finished conversation when every request was answered by the rule."""
-    messages = opening(i, seed)
-    for t in range(turns):
-        messages.append({"role": "assistant", "content": reply_text(i, t)})
-        if t + 1 < turns:
-            messages.append({"role": "user", "content": user_text(i, t + 1, seed)})
-    return messages
-
-
-# -- client process --------------------------------------------------------------------------------------
-
-async def converse(http, url: str, i: int, turns: int, seed: int, out: dict[str, Any]) -> None:
-    messages = opening(i, seed)
-    for t in range(turns):
-        t0 = time.perf_counter()
-        try:
-            async with http.post(f"{url}/chat/completions", json={"model": "agentrl", "messages": messages,
-                                                                   "max_tokens": 16}) as resp:
-                body = await resp.json() if resp.status == 200 else await resp.text()
-        except Exception as exc:  # a dropped connection or timeout: counted, the conversation ends
-            out["failed"] += 1
-            out["first_error"] = out["first_error"] or repr(exc)
-            return
-        out["latency"].append(time.perf_counter() - t0)
-        if resp.status != 200:
-            out["non200"] += 1
-            out["first_error"] = out["first_error"] or f"{resp.status}: {body[:300]}"
-            return
-        out["answered"] += 1
-        message = body["choices"][0]["message"]
-        out["wrong_reply"] += message.get("content") != reply_text(i, t)
-        messages += [message, {"role": "user", "content": user_text(i, t + 1, seed)}]
-
-
-async def client_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Open one connection per session, say "ready", wait for "go" on stdin, run every conversation."""
-    import aiohttp
-
-    urls, turns, seed = job["urls"], job["turns"], job["seed"]
-    out: dict[str, Any] = dict(answered=0, non200=0, failed=0, wrong_reply=0, first_error="", latency=[])
-    order = list(range(len(urls)))
-    random.Random(seed).shuffle(order)  # sessions start in a seeded order, not by index
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
-        async def warm(url: str) -> None:
-            async with http.get(f"{url}/models") as resp:
-                await resp.read()
-
-        await asyncio.gather(*(warm(u) for u in urls))
-        print("ready", flush=True)
-        sys.stdin.readline()  # blocking is fine: this loop has nothing else to do until "go"
-        c0, t0 = time.process_time(), time.perf_counter()
-        await asyncio.gather(*(converse(http, urls[i], i, turns, seed, out) for i in order))
-        out["wall_s"], out["cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
-    lat = sorted(out.pop("latency")) or [float("nan")]
-    out["p50_ms"], out["p99_ms"] = median(lat) * 1e3, lat[int(0.99 * (len(lat) - 1))] * 1e3
-    return out
-
-
-def client_main() -> None:
-    for line in sys.stdin:
-        print(json.dumps(run_uvloop(client_job(json.loads(line)))), flush=True)
 
 
 # -- server process ----------------------------------------------------------------------------------------
@@ -200,9 +116,9 @@ class Phase:
         return (self.user_s + self.sys_s) * 1e3 / max(self.requests, 1)
 
 
-async def measured(proc, name: str, urls: list[str], turns: int, seed: int) -> Phase:
+async def measured(proc, name: str, urls: list[str], turns: int, seed: int, api: str = "chat") -> Phase:
     """One client job; this process's CPU and wall time between "go" and the client's result."""
-    proc.stdin.write(json.dumps({"urls": urls, "turns": turns, "seed": seed}).encode() + b"\n")
+    proc.stdin.write(json.dumps({"urls": urls, "turns": turns, "seed": seed, "api": api}).encode() + b"\n")
     await proc.stdin.drain()
     ready = await proc.stdout.readline()
     if ready.strip() != b"ready":
@@ -283,7 +199,8 @@ async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
     await server.start()
     sessions = [server.open_session(engine, Episode(f"s{i}", i)) for i in range(args.sessions)]
     progress(f"server on {server.url}, {len(sessions)} sessions open; starting the client process")
-    proc = await asyncio.create_subprocess_exec(sys.executable, __file__, "--client", stdin=asyncio.subprocess.PIPE,
+    client = str(Path(__file__).with_name("_chat_clients.py"))
+    proc = await asyncio.create_subprocess_exec(sys.executable, client, stdin=asyncio.subprocess.PIPE,
                                                 stdout=asyncio.subprocess.PIPE, limit=2**24)
     try:
         breakdown = Breakdown(engine)
@@ -293,6 +210,15 @@ async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             restore()
         canned = await canned_phase(proc, [s.sid for s in sessions], args.turns, args.seed)
+        side = []  # (api, phase, ledgers exact, ledgers mixed): the APIs alternated on fresh sessions, warm
+        for rnd in range(args.rounds):
+            for api in dict.fromkeys(args.apis.split(",")):
+                group = [server.open_session(engine, Episode(f"s{i}", i)) for i in range(args.sessions)]
+                phase = await measured(proc, f"{api} #{rnd + 1}", [s.base_url for s in group], args.turns,
+                                       args.seed, api)
+                side.append((api, phase, *check_ledgers(fmt, group, args.turns, args.seed)))
+                for s in group:
+                    server.close_session(s.sid)
     finally:
         proc.stdin.close()
         await proc.wait()
@@ -303,7 +229,7 @@ async def serve_and_measure(args: argparse.Namespace) -> dict[str, Any]:
         server.close_session(s.sid)
     await server.stop()
     return dict(real=real, canned=canned, breakdown=breakdown, exact=exact, mixed=mixed, stats=stats,
-                open_after=len(server.sessions))
+                open_after=len(server.sessions), side=side)
 
 
 # -- report ------------------------------------------------------------------------------------------------
@@ -344,6 +270,21 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
           f"segments split: {r['stats'].get('ledger/segments_split', 0):.0f}; open after closing: {r['open_after']}")
     if real.client["first_error"]:
         print(f"first client error: {real.client['first_error']}")
+    if r["side"]:
+        print()
+        print(table(heads + ["ledgers exact", "mixed"], [phase_row(p) + [f"{e}/{args.sessions}", f"{m}"]
+                                                         for _, p, e, m in r["side"]],
+                    "The same conversations through each API, alternated on fresh sessions (no breakdown timers)"))
+    by = {api: [p for a, p, _, _ in r["side"] if a == api] for api, *_ in r["side"]}
+    rate = {api: median([p.requests / p.wall_s for p in ps]) for api, ps in by.items()}
+    p50 = {api: median([p.client["p50_ms"] for p in ps]) for api, ps in by.items()}
+    cpu = {api: median([p.ms_per_request for p in ps]) for api, ps in by.items()}
+    for api in (a for a in by if a != "chat" and "chat" in by):
+        ok = rate[api] / rate["chat"] >= 0.95 and p50[api] / p50["chat"] <= 1.05
+        print(f"{api} vs chat (medians of {len(by[api])} rounds): req/s {rate[api]:.0f} vs {rate['chat']:.0f} = "
+              f"{rate[api] / rate['chat']:.3f}x, p50 latency {p50[api]:.1f} vs {p50['chat']:.1f} ms = "
+              f"{p50[api] / p50['chat']:.3f}x, server CPU {cpu[api]:.3f} vs {cpu['chat']:.3f} ms/req = "
+              f"{cpu[api] / cpu['chat']:.3f}x (goal: within 5 %: {'met' if ok else 'NOT met'})")
     sys.stdout.flush()
 
 
@@ -352,14 +293,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sessions", type=int, default=1000, help="concurrent sessions")
     parser.add_argument("--turns", type=int, default=4, help="chat requests per session")
     parser.add_argument("--seed", type=int, default=0, help="user messages and the order sessions start in")
-    parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # the client process
+    parser.add_argument("--apis", default="chat,messages", help="the side-by-side phases, in order")
+    parser.add_argument("--rounds", type=int, default=3, help="times each side-by-side phase runs, alternated")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     cli = parse_args()
-    if cli.client:
-        client_main()
-    else:
-        print_host()
-        report(run_uvloop(serve_and_measure(cli)), cli)
+    print_host()
+    report(run_uvloop(serve_and_measure(cli)), cli)
