@@ -186,7 +186,8 @@ def test_unsupported_fields_are_refused_by_name_in_the_messages_error_shape(tiny
              "tools.0.input_schema": {"tools": [{"name": "f"}]},
              "messages.0.content.0.type": {"messages": [{"role": "user", "content": [
                  {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
-             "messages.0.role": {"messages": [{"role": "system", "content": "be brief"}]},
+             "messages.0.role": {"messages": [{"role": "tool", "content": "be brief"}]},
+             "output_config.format": {"output_config": {"effort": "high", "format": {"type": "json_schema"}}},
              "mcp_servers": {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]},
              "max_tokens": {"max_tokens": None},
              "temperature": {"temperature": 1.5},
@@ -204,6 +205,7 @@ def test_unsupported_fields_are_refused_by_name_in_the_messages_error_shape(tiny
                 ok = await http.post(f"{srv.url}/v1/messages", json={
                     "model": "m", "max_tokens": 9, "messages": hi, "metadata": {"user_id": "u"},
                     "thinking": {"type": "disabled"}, "tool_choice": {"type": "auto"}, "service_tier": "auto",
+                    "output_config": {"effort": "high"},
                     "system": [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]})
             with pytest.raises(anthropic.BadRequestError) as sdk:
                 await client_for(f"{srv.url}/v1").messages.create(model="m", max_tokens=9, messages=hi,
@@ -215,6 +217,7 @@ def test_unsupported_fields_are_refused_by_name_in_the_messages_error_shape(tiny
         assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"].startswith(param), body
     assert "continuing a partial assistant turn" in bad["messages.1"][1]["error"]["message"]
     assert ok["content"] == [{"type": "text", "text": "a"}] and engine.calls[0].max_tokens == 9
+    assert "messages.0.role: must be 'user', 'assistant' or 'system'" in bad["messages.0.role"][1]["error"]["message"]
     assert sdk.status_code == 400 and sdk.body["error"]["message"].startswith("top_k")
 
 
@@ -299,3 +302,23 @@ def test_an_anthropic_agent_trains_through_agentenv(tiny_tokenizer):
     assert sorted(c.seed for c in engine.calls) == [0, 1, 1000, 1001, 2000, 2001]
     batch = TrainBatch.from_episodes(episodes, None, pad_id=0)
     assert batch.size == 3 and batch.rewards.tolist() == [1.0] * 3 and batch.loss_mask[0].sum() == sum(mask)
+
+
+def test_a_system_message_inside_messages_is_a_system_message_there(tiny_tokenizer):
+    """Claude Code sends reminders as `role: "system"` messages inside `messages`: the model reads them as
+    the template renders a system message at that point, and the ledger holds exactly that."""
+    async def run():
+        async with served(tiny_tokenizer, ["Fine."]) as (srv, engine, fmt):
+            ep = Episode("t", 0)
+            out = await client_for(srv.open_session(engine, ep).base_url).messages.create(
+                model="m", max_tokens=20, system="Be brief.", messages=[
+                    {"role": "user", "content": "Hi"},
+                    {"role": "system", "content": [{"type": "text", "text": "Reminder: answer in one word."}]},
+                    {"role": "user", "content": "How are you?"}])
+            return out, ep, fmt
+    out, ep, fmt = asyncio.run(run())
+    final = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+             {"role": "system", "content": "Reminder: answer in one word."}, {"role": "user", "content": "How are you?"},
+             {"role": "assistant", "content": "Fine."}]
+    tokens, mask = ledger_from_messages(fmt, final)
+    assert out.content[0].text == "Fine." and ep.tokens == tokens and ep.loss_mask == mask

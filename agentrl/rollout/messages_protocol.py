@@ -10,9 +10,12 @@ Honoured: `model` (echoed), `max_tokens` (required, as in the API), `messages`, 
 text blocks), `stop_sequences` (the reply says which one stopped it), `temperature`, `top_p`, `stream`,
 `tools` (custom tools), `tool_choice` `{"type": "auto"}`. Accepted as they change nothing sampled:
 `metadata`, `service_tier`, `cache_control` on blocks and tools (nothing is cached, so usage reports 0
-cache tokens), `thinking` `{"type": "disabled"}`, `disable_parallel_tool_use: false`. Refused by name:
+cache tokens), `thinking` `{"type": "disabled"}`, `disable_parallel_tool_use: false`, `output_config.effort`
+(a hint for Anthropic's models' reasoning; the served model has no such setting). A `system` message
+inside `messages` (Claude Code sends reminders so) is a system message at that point of the conversation. Refused by name:
 `top_k` (the ledger's behaviour logprobs come from the run's top-p sampler), `thinking` enabled,
-other `tool_choice`s and `disable_parallel_tool_use: true` (sampling is not constrained), server tools
+other `tool_choice`s and `disable_parallel_tool_use: true` (sampling is not constrained), other
+`output_config` keys (`format`: structured output is not constrained either), server tools
 (`web_search_*`, `bash_*`, `computer_*` ...), `mcp_servers`, `container`, `context_management`, and
 content that is not text (images, documents, thinking blocks, citations).
 
@@ -150,11 +153,13 @@ def chat_messages(body: dict[str, Any]) -> list[Message]:
         role = m.get("role") if isinstance(m, dict) else None
         if role == "user":
             out += _user(m.get("content"), f"{where}.content")
+        elif role == "system":  # Claude Code sends reminders this way: the model reads a system message there
+            out.append({"role": "system", "content": _text_blocks(m.get("content"), f"{where}.content")})
         elif role == "assistant":
             out.append(_assistant(m.get("content"), f"{where}.content"))
         else:
-            raise ProtocolError(f"{where}.role: must be 'user' or 'assistant', got {role!r} (the system prompt "
-                                "is the top-level 'system' field)", f"{where}.role")
+            raise ProtocolError(f"{where}.role: must be 'user', 'assistant' or 'system', got {role!r}",
+                                f"{where}.role")
     return out
 
 
@@ -183,6 +188,12 @@ def _check_refused(body: dict[str, Any]) -> None:
     for key, why in _REFUSED.items():
         if body.get(key) not in (None, [], {}):
             raise ProtocolError(f"{key}: not supported: {why}", key)
+    output = body.get("output_config")
+    if output is not None:
+        _check(isinstance(output, dict), "must be an object", "output_config")
+        for key in output:
+            _check(key == "effort", "not supported: structured output and other output settings are not "
+                   "available here (only 'effort', which changes nothing this server samples)", f"output_config.{key}")
     thinking = body.get("thinking")
     if thinking is not None and not (isinstance(thinking, dict) and thinking.get("type") == "disabled"):
         raise ProtocolError("thinking: only {'type': 'disabled'} is supported (the model's turns are sampled as "
