@@ -328,7 +328,7 @@ def test_ppo_clip_hand_value_and_grad():
     #   d/dlogp = -r A / 4 on unclipped tokens = [-0.25, 0, 0, 0.55, 0]
     lr = [[0.0, math.log(1.5), math.log(0.5), math.log(1.1), 3.0]]
     inp, logp = loss_inputs(lr, [[1.0, 1.0, -1.0, -2.0, 5.0]], mask=[[1, 1, 1, 1, 0]])
-    loss, m, _ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", trust_region="none"))
+    loss, m, *_ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", trust_region="none"))
     assert_close(loss, t(0.2))
     loss.backward()
     assert_close(logp.grad, t([[-0.25, 0.0, 0.0, 0.55, 0.0]]))
@@ -340,7 +340,7 @@ def test_ppo_dual_clip_hand():
     # c = 3: (r=5, A=-1): -min(-5, -1.2) = 5 > 3 -> 3, zero grad; (r=2, A=-1): 2 < 3 stays, grad -rA = 2;
     # (r=5, A=1): -min(5, 1.2) = -1.2, clipped.  mean = (3 + 2 - 1.2) / 3
     inp, logp = loss_inputs([[math.log(5), math.log(2), math.log(5)]], [[-1.0, -1.0, 1.0]])
-    loss, m, _ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", dual_clip=3.0, trust_region="none"))
+    loss, m, *_ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(correction="none", dual_clip=3.0, trust_region="none"))
     assert_close(loss, t(3.8 / 3))
     loss.backward()
     assert_close(logp.grad, t([[0.0, 2 / 3, 0.0]]))
@@ -356,7 +356,7 @@ def test_token_corrections_hand():
     for corr, (applied, frac) in expect.items():
         inp, logp = loss_inputs([[0.0] * 4], [[1.0] * 4], log_w=log_w)
         cfg = loss_cfg(correction=corr, is_low=0.5, is_high=2.0, trust_region="none")
-        loss, m, _ = POLICY_LOSSES["ppo_clip"](inp, cfg)
+        loss, m, *_ = POLICY_LOSSES["ppo_clip"](inp, cfg)
         assert_close(loss, t(-sum(applied) / 4))
         loss.backward()
         assert_close(logp.grad, -t([applied]) / 4)
@@ -374,7 +374,7 @@ def test_sequence_correction_hand():
     log_w = [[math.log(2), math.log(8)], [math.log(0.5), 5.0]]
     inp, _ = loss_inputs([[0.0, 0.0]] * 2, [[1.0, 1.0]] * 2, mask=[[1, 1], [1, 0]], log_w=log_w)
     cfg = loss_cfg(correction="tis", correction_level="sequence", is_high=2.0, agg="seq_mean_token_sum", trust_region="none")
-    loss, m, _ = POLICY_LOSSES["ppo_clip"](inp, cfg)
+    loss, m, *_ = POLICY_LOSSES["ppo_clip"](inp, cfg)
     assert_close(loss, t(-(2.0 * 2 + 0.5) / 2))
     assert (m["is_weight_mean"], m["is_weight_max"], m["is_corrected_frac"]) == pytest.approx((2.25, 4.0, 0.5))
     cfg = loss_cfg(correction="mask", correction_level="sequence", is_high=2.0, agg="seq_mean_token_sum",
@@ -386,7 +386,7 @@ def test_gspo_hand():
     # row 0: log r = [0.1, 0.3] -> s = exp(0.2) = 1.2214 > 1.2, A = 1: loss -1.2 per token, no grad
     # row 1: log r = [-0.2, (masked), 0.0] -> s = exp(-0.1) = 0.904837: loss -s, grad per token -s / 2 / 2
     inp, logp = loss_inputs([[0.1, 0.0, 0.3], [-0.2, 9.0, 0.0]], [[1.0] * 3] * 2, mask=[[1, 0, 1], [1, 0, 1]])
-    loss, m, _ = POLICY_LOSSES["gspo"](inp, loss_cfg(correction="none", agg="seq_mean_token_mean", trust_region="none"))
+    loss, m, *_ = POLICY_LOSSES["gspo"](inp, loss_cfg(correction="none", agg="seq_mean_token_mean", trust_region="none"))
     s = math.exp(-0.1)
     assert_close(loss, t((-1.2 - s) / 2))
     loss.backward()
@@ -398,7 +398,7 @@ def test_cispo_hand():
     # r = [1.5, 0.5, 1], A = [1, 1, -1], logp = [-1, -2, -0.5]; sg(clip(r)) = [1.2, 0.8, 1]
     # loss = -c A logp = [1.2, 1.6, -0.5], mean 2.3/3; grad = -c A / 3 = [-0.4, -0.8/3, 1/3] (clipped too)
     inp, logp = loss_inputs([[math.log(1.5), math.log(0.5), 0.0]], [[1.0, 1.0, -1.0]], logp=[[-1.0, -2.0, -0.5]])
-    loss, m, _ = POLICY_LOSSES["cispo"](inp, loss_cfg(correction="none", trust_region="none"))
+    loss, m, *_ = POLICY_LOSSES["cispo"](inp, loss_cfg(correction="none", trust_region="none"))
     assert_close(loss, t(2.3 / 3))
     loss.backward()
     assert_close(logp.grad, t([[-0.4, -0.8 / 3, 1 / 3]]))
@@ -437,13 +437,13 @@ def test_trust_region_acts_where_the_ppo_ratio_is_one():
     logp, behav, adv, mask = trust_case()
     logp.requires_grad_()
     inp = PolicyLossInputs(logp, logp.detach(), behav, adv, mask)
-    loss, m, keep = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(trust_region="neg_clip"))
+    loss, m, keep, _ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(trust_region="neg_clip"))
     assert_close(loss, t(0.1))
     assert keep[0, :5].tolist() == [0, 1, 1, 1, 1]  # the decision itself, for the learner's "trust_kept"
     loss.backward()
     assert_close(logp.grad, t([[0.0, -0.5, 1.5, -1.5, 1.0, 0.0]]) / 5)
     assert m["clip_frac"] == 0.0 and m["trust_masked_frac"] == pytest.approx(0.2)
-    _, m, _ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(trust_region="none"))
+    _, m, *_ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(trust_region="none"))
     assert m["trust_masked_frac"] == 0.0
 
 
@@ -451,7 +451,7 @@ def test_entropy_bonus_and_bypass():
     inp, _ = loss_inputs([[0.0, 0.0]], [[1.0, 1.0]])
     inp.behav_logp_BT = inp.old_logp_BT.clone()  # bypass mode: old == mu, so w = 1 exactly
     inp.entropy_BT = t([[0.5, 1.5]])
-    loss, m, _ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(entropy_coef=0.1))
+    loss, m, *_ = POLICY_LOSSES["ppo_clip"](inp, loss_cfg(entropy_coef=0.1))
     assert_close(loss, t(-1.0 - 0.1 * 1.0))
     assert m["entropy"] == pytest.approx(1.0) and m["is_ess"] == pytest.approx(1.0)
     assert m["mismatch_abs"] == 0.0 and m["is_weight_max"] == 1.0
@@ -589,7 +589,7 @@ def test_policy_loss_vs_reference(name, correction, level, agg):
                            trust_region=TRUST[(seed // 2) % 4], m2_tau=0.2)
     logp = t(lp, F64).requires_grad_()
     inp = PolicyLossInputs(logp, t(old, F64), t(behav, F64), t(adv, F64), t(mask, F64), t(ent, F64))
-    loss, metrics, _ = POLICY_LOSSES[name](inp, cfg)
+    loss, metrics, *_ = POLICY_LOSSES[name](inp, cfg)
     loss.backward()
     ref_loss, ref_grad, ref_metrics = ref_policy_loss(name, lp, old, behav, adv, mask, ent, cfg)
     assert_close(loss, t(ref_loss, F64))

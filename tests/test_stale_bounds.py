@@ -117,8 +117,8 @@ def test_ess_step_scales_the_loss_and_its_gradient():
     base = AlgoConfig(correction={"type": "tis"}, trust_region="none")
     scaled = AlgoConfig(correction={"type": "tis", "ess_step": True}, trust_region="none")
     inp = PolicyLossInputs(logp, logp.detach(), behav, adv, mask)
-    loss0, m0, _ = POLICY_LOSSES["ppo_clip"](inp, base)
-    loss1, m1, _ = POLICY_LOSSES["ppo_clip"](inp, scaled)
+    loss0, m0, *_ = POLICY_LOSSES["ppo_clip"](inp, base)
+    loss1, m1, *_ = POLICY_LOSSES["ppo_clip"](inp, scaled)
     assert float(loss0.detach()) == pytest.approx(-(1 + 1 + 2) / 3)
     assert float(loss1.detach()) == pytest.approx(float(loss0.detach()) * 2 / 3)
     assert m1["ess_step_scale"] == pytest.approx(2 / 3) and "ess_step_scale" not in m0
@@ -138,7 +138,7 @@ def test_gspo_with_a_sequence_trust_region_drops_whole_rows():
     assert keep.tolist() == [[0.0, 0.0], [1.0, 1.0]]
     cfg = AlgoConfig(policy_loss="gspo", trust_region={"type": "clip", "level": "sequence"}, correction="none",
                      agg="seq_mean_token_mean")
-    loss, m, _ = POLICY_LOSSES["gspo"](PolicyLossInputs(logp, logp.detach(), behav, adv, mask), cfg)
+    loss, m, *_ = POLICY_LOSSES["gspo"](PolicyLossInputs(logp, logp.detach(), behav, adv, mask), cfg)
     assert m["trust_masked_frac"] == pytest.approx(0.5)
     g, = torch.autograd.grad(loss, logp)
     assert g[0].abs().sum() == 0 and g[1].abs().sum() > 0

@@ -183,7 +183,7 @@ def test_token_outside_the_nucleus_gives_finite_losses_and_gradients():
         inp = PolicyLossInputs(logp_BT=logp * mask, old_logp_BT=old_logp, behav_logp_BT=behav,
                                advantages_BT=torch.full((1, 4), adv), mask_BT=mask,
                                entropy_BT=token_entropy(logits, 1.0, 0.9))
-        loss, metrics, _ = POLICY_LOSSES[loss_name](inp, cfg)
+        loss, metrics, *_ = POLICY_LOSSES[loss_name](inp, cfg)
         for kind in ("k1", "k2", "k3"):
             loss = loss + 0.1 * (kl_estimate(inp.logp_BT, ref_logp, kind) * mask).sum()
         loss.backward()

@@ -27,11 +27,12 @@ from viewer_run import decode, episode, make_run
 class Served:
     """A Viewer on its own event loop in a thread, so the test (and the browser) talk to it over HTTP."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *others: Path) -> None:
+        """`others`: more run folders, shown against the first (run against run)."""
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.viewer = Viewer(run_dir)
+        self.viewer = Viewer(run_dir, *others)
         self.url = asyncio.run_coroutine_threadsafe(self.viewer.start("127.0.0.1", 0), self.loop).result(30)
         self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(30.0))
 

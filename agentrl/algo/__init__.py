@@ -3,7 +3,7 @@ reward shaping, KL control, on-policy distillation, and the preference (DPO, IPO
 
 Call sites pick an entry from a registry by its config name and call it with one typed input:
     ADVANTAGES[name](AdvantageInputs(...)) -> AdvantageOutput
-    POLICY_LOSSES[name](PolicyLossInputs(...), settings) -> PolicyLossOut (loss, metrics, keep-mask); settings:
+    POLICY_LOSSES[name](PolicyLossInputs(...), settings) -> PolicyLossOut (loss, metrics, keep-mask, causes); settings:
         the config's `algo`
     make_kl_controller(kind, kl_coef, target, horizon) -> KLController
     PREFERENCE_LOSSES[name](policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta=...) -> PreferenceLoss
@@ -11,8 +11,8 @@ Call sites pick an entry from a registry by its config name and call it with one
 
 from .advantages import ADVANTAGES, AdvantageInputs, AdvantageOutput, register_advantage
 from . import turn_baseline  # noqa: F401  (registers the turn_grpo and state_grpo estimators)
-from .correction import (CorrectionSettings, ImportanceWeights, TrustRegionSettings, behaviour_trust_mask, correction_metrics, importance_weights,
-                         masked_mean, staleness_buckets)
+from .correction import (TOKEN_CAUSES, CorrectionSettings, ImportanceWeights, TrustRegionSettings, behaviour_trust_mask,
+                         correction_metrics, importance_weights, masked_mean, staleness_buckets, token_causes)
 from .losses import (
     POLICY_LOSSES,
     PolicyLossOut,
@@ -65,9 +65,11 @@ __all__ = [
     "PolicyLossOut",
     "PreferenceLoss",
     "RunningMoments",
+    "TOKEN_CAUSES",
     "TrustRegionSettings",
     "aggregate",
     "behaviour_trust_mask",
+    "token_causes",
     "bradley_terry",
     "clip_rewards",
     "combine_advantages",

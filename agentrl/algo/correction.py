@@ -130,6 +130,37 @@ def staleness_buckets(old_logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, ma
     return out
 
 
+# Why a scored token was or was not trained, as the policy loss decided it (`token_causes`; the learner
+# records it beside each trained episode, agentrl.learner.rl `token_values["cause"]`): the code is the index.
+# 6 and 7 are the learner's (a row the step never trained), not a loss's.
+TOKEN_CAUSES = (
+    "kept",                                  # 0: trained with its importance weight
+    "masked: trust region, A < 0 side",      # 1: rho below the low bound while the advantage pushes it down
+    "masked: trust region, A > 0 side",      # 2: rho above the high bound while the advantage pushes it up
+    "masked: trust region",                  # 3: m2 (by |log rho| either way), or a sequence's decision where A = 0
+    "kept: importance weight capped",        # 4: tis truncated w to `high`: trained, with less weight
+    "masked: importance weight zeroed",      # 5: mask correction: w outside [low, high] becomes 0
+    "not trained: target_kl stopped the step",  # 6: the step ended before this row's mini-batch
+    "not trained: the actor was frozen",     # 7: learner.freeze_actor_steps
+)
+
+
+def token_causes(keep_BT: torch.Tensor, iw: ImportanceWeights, adv_BT: torch.Tensor,
+                 mask_BT: torch.Tensor) -> torch.Tensor:
+    """(B, T) int8 TOKEN_CAUSES codes of scored tokens (0 off the mask) from the trust region's keep-mask
+    and the importance weights the loss applied: a token the trust region masked is reported by its side
+    (the advantage's sign), whatever its weight; else a weight the correction zeroed or capped; else kept."""
+    corrected_BT = iw.corrected_U[:, None].expand_as(mask_BT) if iw.corrected_U.dim() == 1 else iw.corrected_U
+    masked_BT, adv_BT = keep_BT == 0, adv_BT.detach()
+    cause_BT = torch.zeros(mask_BT.shape, dtype=torch.int8, device=mask_BT.device)
+    cause_BT[corrected_BT & (iw.weight_BT > 0)] = 4
+    cause_BT[corrected_BT & (iw.weight_BT == 0)] = 5
+    cause_BT[masked_BT] = 3
+    cause_BT[masked_BT & (adv_BT < 0)] = 1
+    cause_BT[masked_BT & (adv_BT > 0)] = 2
+    return torch.where(mask_BT > 0, cause_BT, torch.zeros_like(cause_BT))
+
+
 def behaviour_trust_mask(logp_BT: torch.Tensor, behav_logp_BT: torch.Tensor, adv_BT: torch.Tensor,
                          mask_BT: torch.Tensor, region: TrustRegionSettings,
                          age_BT: torch.Tensor | None = None) -> torch.Tensor:

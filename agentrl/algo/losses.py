@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, Protocol
 import torch
 
 from .correction import (CorrectionSettings, TrustRegionSettings, behaviour_trust_mask, correction_metrics,
-                         ess_step_scale, importance_weights, masked_mean)
+                         ess_step_scale, importance_weights, masked_mean, token_causes)
 
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "constant")
 KL_KINDS = ("k1", "k2", "k3")
@@ -56,6 +56,9 @@ class PolicyLossOut(NamedTuple):
     # (B, T) detached 0/1: the trust region's decision per token (`behaviour_trust_mask`), the one
     # `trust_masked_frac` counts; the learner records it for the run viewer rather than deciding again
     keep_BT: torch.Tensor
+    # (B, T) int8: why each scored token was or was not trained (correction.TOKEN_CAUSES, `token_causes`);
+    # None from a loss that does not say (the learner then records the keep-mask's decision only)
+    cause_BT: torch.Tensor | None = None
 
 
 PolicyLossFn = Callable[[PolicyLossInputs, PolicyLossSettings], PolicyLossOut]
@@ -145,11 +148,11 @@ def _clipped_surrogate(ratio_BT: torch.Tensor, adv_BT: torch.Tensor,
     return loss_BT, active_BT
 
 
-def _finish(loss_BT: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, dict[str, float]],
+def _finish(loss_BT: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor],
             active_BT: torch.Tensor, inp: PolicyLossInputs, cfg: PolicyLossSettings) -> PolicyLossOut:
-    """Weight by w (`_weights`' weight, keep-mask and metrics), aggregate, add the entropy bonus and the
-    shared metrics."""
-    weight_BT, keep_BT, metrics = weights
+    """Weight by w (`_weights`' weight, keep-mask, metrics and causes), aggregate, add the entropy bonus and
+    the shared metrics."""
+    weight_BT, keep_BT, metrics, cause_BT = weights
     mask_BT = inp.mask_BT
     loss = aggregate(loss_BT * weight_BT, mask_BT, cfg.agg, cfg.constant_norm)
     metrics["clip_frac"] = float(masked_mean(active_BT.to(mask_BT.dtype), mask_BT))
@@ -159,15 +162,15 @@ def _finish(loss_BT: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, di
         if inp.entropy_BT is None:
             raise ValueError("entropy_coef > 0 needs entropy_BT")
         loss = loss - cfg.entropy_coef * aggregate(inp.entropy_BT, mask_BT, cfg.agg, cfg.constant_norm)
-    return PolicyLossOut(loss, metrics, keep_BT)
+    return PolicyLossOut(loss, metrics, keep_BT, cause_BT)
 
 
 def _weights(inp: PolicyLossInputs, cfg: PolicyLossSettings,
-             level: str | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+             level: str | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], torch.Tensor]:
     """The detached weight (B, T) to multiply into the loss: the importance weight (at the correction's
     own level unless `level` says otherwise) times the trust region's keep-mask, times the ESS step scale
-    where the correction asks for it (`ess_step`); the keep-mask itself; and the correction metrics,
-    `trust_masked_frac` the share of tokens dropped."""
+    where the correction asks for it (`ess_step`); the keep-mask itself; the correction metrics,
+    `trust_masked_frac` the share of tokens dropped; and each token's cause code (`token_causes`)."""
     iw = importance_weights(inp.old_logp_BT, inp.behav_logp_BT, inp.mask_BT, cfg.correction, level)
     keep_BT = behaviour_trust_mask(inp.logp_BT, inp.behav_logp_BT, inp.advantages_BT, inp.mask_BT,
                                    cfg.trust_region, inp.age_BT)
@@ -176,7 +179,7 @@ def _weights(inp: PolicyLossInputs, cfg: PolicyLossSettings,
     scale = 1.0
     if getattr(cfg.correction, "ess_step", False):
         scale = metrics["ess_step_scale"] = ess_step_scale(iw)
-    return iw.weight_BT * keep_BT * scale, keep_BT, metrics
+    return iw.weight_BT * keep_BT * scale, keep_BT, metrics, token_causes(keep_BT, iw, inp.advantages_BT, inp.mask_BT)
 
 
 @register_policy_loss("ppo_clip")

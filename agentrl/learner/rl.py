@@ -32,6 +32,7 @@ from agentrl.learner.teacher import build_teacher, distill_into
 from agentrl.learner.models import (ModelEMA, disable_dropout, load_causal_lm, load_value_model,
                                     trained_engine)
 from agentrl.learner.step_bound import bound_step, trainable_copy
+from agentrl.learner.token_record import TokenRecord
 from agentrl.learner.step_parts import accumulate, kl_controller, kl_gate, local_grad_norm, weighted, zero_loss
 from agentrl.learner.weights_out import full_state_dict_cpu, save_hf_folder
 from agentrl.types import TrainBatch
@@ -50,8 +51,7 @@ class StepMetrics:
     share: float = 1.0  # this rank's part of the step's tokens (or rows): how rank metrics are merged
     critic_loss: float | None = None  # "policy/critic/loss": like `loss`, this rank's part of the step's sum
     # (B, T) per token, for the run viewer (rollouts.jsonl), on a step's first StepMetrics: "advantages",
-    # "learner_logprobs", log pi at the pass that trained the token (pi - mu: how far the learner has moved),
-    # and "trust_kept", 1 where the trust region kept the token there, 0 where it masked it out
+    # "learner_logprobs", "trust_kept" and "cause" (why each token was or was not trained): see token_record.py
     token_values: dict[str, torch.Tensor] | None = None
 
 
@@ -182,13 +182,12 @@ class Learner(MicroPasses):
 
     @torch.no_grad()
     def _pass_metrics(self, batch: TrainBatch, rows: range, taken: torch.Tensor, old_logp: torch.Tensor,
-                      ref_logp: torch.Tensor | None, reuse: bool, kept: torch.Tensor | None = None) -> dict[str, float]:
+                      ref_logp: torch.Tensor | None, reuse: bool, record: TokenRecord | None = None) -> dict[str, float]:
         """The policy loss's metrics over the whole mini-batch, from the training pass's log pi and entropy
         (`taken`), gathered from every rank: a micro-batch's is_ess or sequence-level means do not average
         into the whole's, so metrics do not depend on how rows were grouped or spread over ranks. Reused,
-        pi_prox is gathered into old_logp too. `kept` (B, T), if given, receives the trust region's 1/0
-        decision per token over these rows, as the policy loss made it (`PolicyLossOut.keep_BT`): the one
-        `trust_masked_frac` counts (the viewer colours by it)."""
+        pi_prox is gathered into old_logp too. `record`, if given, receives the policy loss's decisions per token
+        over these rows (the trust region's keep-mask `trust_masked_frac` counts, and each token's cause)."""
         if self.world > 1:
             owned = owned_rows(self._plan(batch, rows, train=True))
             for t in (taken[0], taken[1], *([old_logp] if reuse else [])):
@@ -198,9 +197,10 @@ class Learner(MicroPasses):
         inputs = PolicyLossInputs(logp_BT=taken[0, sl], old_logp_BT=old_logp[sl], behav_logp_BT=batch.behav_logprobs[sl],
                                   advantages_BT=batch.advantages[sl], mask_BT=mask, entropy_BT=taken[1, sl],
                                   age_BT=self.version - batch.versions[sl])
-        _, metrics, keep_BT = self.loss_fn(inputs, self.algo)
-        if kept is not None:
-            kept[sl] = keep_BT
+        out = self.loss_fn(inputs, self.algo)
+        metrics = out.metrics
+        if record is not None:
+            record.decided(sl, out, mask)
         if ref_logp is not None and self.algo.kl.type == "loss":
             kl_BT = kl_estimate(taken[0, sl], ref_logp[sl] * mask, self.algo.kl.estimator)
             metrics["kl_ref"] = float(masked_mean(kl_BT, mask))
@@ -280,9 +280,7 @@ class Learner(MicroPasses):
             shaped = self.advantages(batch, old_logp, None if kl_after else ref_logp, old_values)
         self.batches_seen += 1
         results, buckets = [], {}
-        # the viewer's per-token values (`token_values`): log pi at the pass that trained each token, and the
-        # trust region's decision there; only when the run writes them down (`TrainBatch.record_values`)
-        learner_logp, kept = torch.zeros_like(batch.behav_logprobs), torch.ones_like(batch.behav_logprobs)
+        token_record = TokenRecord(batch)  # the viewer's per-token values (`token_values`)
         per_mini, training, gate = math.ceil(batch.size / self.cfg.mini_batches), actor_trains, {}
         for start in range(0, batch.size, per_mini):
             t0, rows = time.perf_counter(), range(start, min(start + per_mini, batch.size))
@@ -291,8 +289,10 @@ class Learner(MicroPasses):
             if training and start and self.cfg.target_kl is not None:
                 gate, now = kl_gate(self.logprobs, batch, rows, old_logp, self.cfg.target_kl)
                 training = not gate["kl_stopped"]
+                if not training:
+                    token_record.stopped(start)
                 if now is not None:  # the rows the actor skips: the viewer's log pi is the weights' now
-                    learner_logp[start:] = now[start:]
+                    token_record.learner_logp[start:] = now[start:]
             if training:
                 self.engine.train()
                 taken = torch.zeros(2, *batch.behav_logprobs.shape)
@@ -301,8 +301,8 @@ class Learner(MicroPasses):
                     self.engine, self.cfg.zero_stage, batch, rows,
                     lambda sl, w: self._actor_micro_step(batch, sl, old_logp, ref_logp, w, reuse, taken))
                 whole = self._pass_metrics(batch, rows, taken, old_logp, ref_logp, reuse,
-                                           kept if batch.record_values else None)
-                learner_logp[start:rows.stop] = taken[0, start:rows.stop]  # every rank's rows: gathered above
+                                           token_record if batch.record_values else None)
+                token_record.learner_logp[start:rows.stop] = taken[0, start:rows.stop]  # every rank's rows: gathered above
                 if before is not None:  # taken[0]: log pi before the step, on every rank's rows
                     bounded = bound_step(self.engine.module, before, self.logprobs, batch, rows, taken[0],
                                          self.cfg.max_step_kl)
@@ -327,8 +327,7 @@ class Learner(MicroPasses):
                 policy={**weighted(metric_rows), **buckets, **extra}, share=sum(n for n, _ in metric_rows),
                 critic_loss=vf_loss))
         if batch.record_values:
-            results[0].token_values = {"advantages": batch.advantages, **(
-                {"learner_logprobs": learner_logp, "trust_kept": kept} if actor_trains else {})}
+            results[0].token_values = token_record.values(batch, actor_trains)
         if kl_after:  # one optimizer step: its pass wrote pi_prox (`_pass_metrics` gathered every rank's rows)
             results[0].policy.update(self._reference_kl(old_logp, ref_logp, batch.loss_mask))
         return results

@@ -183,6 +183,9 @@ class Producer:
         self._jobs: set[asyncio.Task] = set()
         self._live: set[int] = set()  # positions admitted and not yet put, released or refunded
         self._outcomes: list[tuple[int, str]] = []  # (position, "failed" | "filtered") not yet taken
+        # The groups dynamic_filter dropped since the run last took them, for rollouts.jsonl (`take_filtered`);
+        # None: not kept (a run that writes no rollouts)
+        self.filtered: list[Group] | None = None
 
     async def run(self) -> None:
         try:
@@ -209,6 +212,8 @@ class Producer:
             self.groups_filtered += 1
             self.buffer.release()
             self._outcomes.append((position, "filtered"))
+            if self.filtered is not None:
+                self.filtered.append(group)
             self._count_filtered(group)
             return
         if not self.buffer.put(group):
@@ -247,6 +252,13 @@ class Producer:
         for position, reason in self._outcomes:
             out.setdefault(reason, []).append(position)
         self._outcomes.clear()
+        return out
+
+    def take_filtered(self) -> list[Group]:
+        """The groups dynamic_filter dropped since the last call (kept only once `filtered` is a list)."""
+        if self.filtered is None:
+            return []
+        out, self.filtered = self.filtered, []
         return out
 
     def state_dict(self) -> dict[str, Any]:

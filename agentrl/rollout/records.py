@@ -5,7 +5,9 @@
 A record is `episode_to_record(ep, step, task)`: the step it was trained at, its task, and every
 Episode field (the token ledger, behaviour logprobs, versions, turns, reward, status, info). The run's
 writer adds `token_text` (each token decoded on its own: a byte-level token that is part of a character
-reads as U+FFFD) and, in eval_episodes.jsonl, `eval` (before, during or after RL).
+reads as U+FFFD), in eval_episodes.jsonl `eval` (before, during or after RL), and on the episodes of a
+group the run dropped instead of training it `dropped` (its reason: "filtered", no reward spread under
+`algo.dynamic_filter`; "stale", past `buffer.max_staleness` when its batch was assembled; `write_dropped`).
 `episode_from_record` is its inverse for what JSON keeps; JSON does not keep:
 
   * non-finite floats (NaN, +-inf), written as null: a null logprob or reward comes back as NaN,
@@ -115,13 +117,16 @@ def _check_record(path: str | os.PathLike, number: int, record: Any) -> None:
 def learner_values(trained: list[Episode], token_values: dict[str, Any]) -> dict[int, dict[str, list]]:
     """id(episode) -> {name: per-token list over its current ledger} from the learner's (B, T) tensors, whose
     rows are the episodes' `rows()` in order (`TrainBatch.from_episodes`): an episode's current ledger is its
-    last row. Rounded to 4 decimals (a colour and a hover, not a replay); None where not scored."""
+    last row. Rounded to 4 decimals (a colour and a hover, not a replay; an integer tensor, such as the
+    learner's `cause` codes, stays integers); None where not scored."""
     out: dict[int, dict[str, list]] = {}
     row = 0
+    as_value = {name: (lambda v: round(float(v), 4)) if t.is_floating_point() else int
+                for name, t in token_values.items() if t is not None}
     for ep in trained:
         row += len(ep.rows())
-        out[id(ep)] = {name: [round(float(v), 4) if m else None for v, m in zip(t[row - 1, :len(ep.tokens)].tolist(),
-                                                                               ep.loss_mask)]
+        out[id(ep)] = {name: [as_value[name](v) if m else None for v, m in zip(t[row - 1, :len(ep.tokens)].tolist(),
+                                                                             ep.loss_mask)]
                        for name, t in token_values.items() if t is not None}
     return out
 
@@ -169,6 +174,12 @@ class RolloutWriter:
         current ledger (`learner_values`); an episode the batch left out (a failure) has none."""
         values = learner_values(trained or [], token_values or {})
         self._write([self._record(ep, step, g.task, values.get(id(ep), {}))
+                     for g in self._sample(step, groups) for ep in g.episodes])
+
+    def write_dropped(self, step: int, groups: list[Group], reason: str) -> None:
+        """Groups dropped at this step instead of trained (`reason`: "filtered" or "stale"), sampled as `write` samples,
+        each episode flagged `dropped: reason`; no learner values (nothing of them was trained)."""
+        self._write([self._record(ep, step, g.task, {"dropped": reason})
                      for g in self._sample(step, groups) for ep in g.episodes])
 
     def write_eval(self, step: int, label: str, episodes: list[Episode]) -> None:

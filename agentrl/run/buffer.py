@@ -72,6 +72,7 @@ class BatchAssembly:
     staleness_hist: dict[int, int] = field(default_factory=dict)  # V - episode.min_version -> count
     dropped_stale: int = 0  # groups dropped as stale while assembling this batch
     dropped_ids: list[int] = field(default_factory=list)  # their group ids
+    dropped_groups: list[Group] = field(default_factory=list)  # the groups themselves (rollouts.jsonl writes them)
 
     @property
     def episodes(self) -> list[Episode]:
@@ -206,7 +207,7 @@ class StalenessBuffer:
         Groups with learner_version - group.min_version > max_staleness are dropped (and refunded)
         on every check, so the batch satisfies the invariant in the module docstring.
         """
-        dropped: list[int] = []
+        dropped: list[Group] = []
         while True:
             if self._closed:
                 raise BufferClosed("buffer closed")
@@ -271,20 +272,20 @@ class StalenessBuffer:
         self._n["groups_refunded"] += 1
         self._notify()
 
-    def _drop_stale(self, learner_version: int) -> list[int]:
-        """Ids of the groups dropped."""
-        stale = [g.group_id for g in self._ready if learner_version - g.min_version > self.max_staleness]
+    def _drop_stale(self, learner_version: int) -> list[Group]:
+        """The groups dropped."""
+        stale = [g for g in self._ready if learner_version - g.min_version > self.max_staleness]
         if stale:
             self._ready = deque(g for g in self._ready if learner_version - g.min_version <= self.max_staleness)
             for _ in stale:
                 self._refund("groups_dropped_stale")
         return stale
 
-    def _assemble(self, groups: list[Group], learner_version: int, dropped: list[int]) -> BatchAssembly:
+    def _assemble(self, groups: list[Group], learner_version: int, dropped: list[Group]) -> BatchAssembly:
         hist: Counter[int] = Counter(learner_version - e.min_version for g in groups for e in g.episodes)
         self._n["groups_returned"] += len(groups)
         self._n["episodes_returned"] += sum(hist.values())
         self._next_version = learner_version + self.versions_per_batch  # the most it can be: k steps on it
         return BatchAssembly(groups=groups, learner_version=learner_version,
                              staleness_hist=dict(sorted(hist.items())), dropped_stale=len(dropped),
-                             dropped_ids=dropped)
+                             dropped_ids=[g.group_id for g in dropped], dropped_groups=dropped)

@@ -309,6 +309,7 @@ class RLRun:
         cfg, pool, learner, sync, buffer, producer = (self.cfg, self.pool, self.learner, self.sync, self.buffer,
                                                       self.producer)
         fleet = self.fleet
+        producer.filtered = [] if rollouts is not None else None  # dropped groups, written beside the trained
         producer_task = asyncio.create_task(producer.run())
         window = {"tokens": pool.generated_tokens, "time": time.perf_counter()}
         signal = SignalWatch(cfg.algo.advantage.type)
@@ -351,6 +352,8 @@ class RLRun:
                 sink.log(rec)
                 if rollouts is not None:
                     rollouts.write(step, assembly.groups, assembly.episodes, metrics[0].token_values)
+                    rollouts.write_dropped(step, producer.take_filtered(), "filtered")
+                    rollouts.write_dropped(step, assembly.dropped_groups, "stale")
                 self.step = step + 1
                 if self._checkpoint_due(step) or (self.stop.requested and self.step > self.saved_step):
                     await self.save_checkpoint(step + 1, rec["elapsed_s"])  # generation goes on meanwhile

@@ -6,8 +6,13 @@ run folder's files (agentrl.telemetry.viewer_files), re-read as they grow on eve
                                     the rows skipped per file (bad_rows: not JSON objects, or fields of other types)
   GET /api/metrics?since=N          metrics.jsonl records from the N-th on
   GET /api/episodes?source=train|eval&status=ok,timeout&reward_min=&reward_max=&turns_min=&...&q=&offset=&limit=
+  GET /api/episodes?...&groups=equal|dropped  only episodes of groups with equal rewards / that the run dropped
   GET /api/episode?source=train|eval&i=N    one whole record, with per-token staleness added
+  GET /api/group?source=train|eval&i=N      episode N's group: its samples side by side (agentrl.telemetry.viewer_groups)
   GET /api/compare[?task=ID]        the held-out tasks of the first and the last eval; one task's two episodes
+  GET /api/runs                     run against run: the config keys that differ, the held-out tasks all answered
+  GET /api/runs/task?task=ID        that task's episodes in each run, at its first and its last eval
+Every /api/ call but the last two takes run=K: the K-th run folder shown (0, the first, by default).
 
 A number in the query that is not one (`since=abc`, `reward_min=nan`, `limit=-1`) is a 400 naming the parameter.
 
@@ -24,7 +29,9 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrl.telemetry.viewer_files import RANGES, RunFiles, page
+from agentrl.telemetry.viewer_files import GROUP_KINDS, RANGES, RunFiles, eval_ends, page
+from agentrl.telemetry.viewer_groups import group_view
+from agentrl.telemetry.viewer_runs import config_diff, run_config, shared_tasks, task_answers
 from agentrl.utils.local_only import install, is_loopback as _loopback
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,9 @@ def parse_query(params: Any) -> tuple[dict[str, Any], int, int]:
     query: dict[str, Any] = {f"{k}_{end}": _number(params, f"{k}_{end}") for k in RANGES for end in ("min", "max")}
     query["status"] = {s for s in params.get("status", "").split(",") if s}
     query["q"] = params.get("q", "").strip().lower()
+    query["groups"] = params.get("groups", "")
+    if query["groups"] and query["groups"] not in GROUP_KINDS:
+        raise QueryError(f"groups={query['groups']!r} is not one of {', '.join(GROUP_KINDS)}")
     offset, limit = _count(params, "offset", 0), _count(params, "limit", 50)
     if not 1 <= limit <= MAX_PAGE:
         raise QueryError(f"limit={limit} is not within 1..{MAX_PAGE}")
@@ -90,28 +100,20 @@ def with_tokens(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def eval_ends(files: RunFiles) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The episodes of the first and of the last held-out eval the run recorded (by step, then label)."""
-    rows = files.evals.rows
-    order = {"before": 0, "during": 1, "after": 2}
-    keys = sorted({(r["step"] or 0, order.get(r["eval"], 1)) for r in rows})
-    if len(keys) < 2:
-        return [], []
-    at = lambda key: [r for r in rows if ((r["step"] or 0), order.get(r["eval"], 1)) == key]  # noqa: E731
-    return at(keys[0]), at(keys[-1])
-
-
 class Viewer:
-    """The aiohttp application over one run folder."""
+    """The aiohttp application over one run folder, or over two beside each other (run against run: every
+    API call takes `run=K`, the K-th folder, 0 by default)."""
 
-    def __init__(self, run_dir: str | Path) -> None:
-        self.files = RunFiles(run_dir)
+    def __init__(self, run_dir: str | Path, *others: str | Path) -> None:
+        self.runs = [RunFiles(d) for d in (run_dir, *others)]
+        self.files = self.runs[0]
         self.app = web.Application(middlewares=[bad_query])
         self.app.add_routes([
             web.get("/", self.index), web.get("/static/{name}", self.static),
             web.get("/api/run", self.run), web.get("/api/metrics", self.metrics),
             web.get("/api/episodes", self.episodes), web.get("/api/episode", self.episode),
-            web.get("/api/compare", self.compare)])
+            web.get("/api/compare", self.compare), web.get("/api/group", self.group),
+            web.get("/api/runs", self.pair), web.get("/api/runs/task", self.pair_task)])
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -123,7 +125,8 @@ class Viewer:
         if not _loopback(host):
             log.warning("the run viewer listens on %s, not loopback: anyone who reaches this address reads the "
                         "run's episodes and config", host)
-        self.files.refresh()
+        for files in self.runs:
+            files.refresh()
         self.runner = web.AppRunner(self.app, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, host, port)
@@ -136,6 +139,19 @@ class Viewer:
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+
+    def names(self) -> list[str]:
+        """The run folders' names, as the page's legend shows them: the paths given where two names are alike."""
+        names = [f.root.resolve().name for f in self.runs]
+        return names if len(set(names)) == len(names) else [str(f.root) for f in self.runs]
+
+    def _files(self, request: web.Request) -> RunFiles:
+        """The run a request names (`run=K`), its files read up to now."""
+        k = _count(request.query, "run", 0)
+        if k >= len(self.runs):
+            raise QueryError(f"run={k} is not one of the {len(self.runs)} run folders shown")
+        self.runs[k].refresh()
+        return self.runs[k]
 
     async def index(self, request: web.Request) -> web.Response:
         return self._file("index.html")
@@ -151,42 +167,54 @@ class Viewer:
                             charset="utf-8", headers={"Cache-Control": "no-cache"})
 
     async def run(self, request: web.Request) -> web.Response:
-        self.files.refresh()
-        summary = self.files.summary() or {}
-        config = summary.pop("config", None) or self.files.config()  # a running run: run_config.json
+        files = self._files(request)
+        summary = files.summary() or {}
+        config = summary.pop("config", None) or files.config()  # a running run: run_config.json
         found = [n for n in ("metrics.jsonl", "summary.json", "run_config.json", "rollouts.jsonl", "eval_episodes.jsonl",
                              "curves.png")
-                 if (self.files.root / n).is_file()]
-        return web.json_response({"name": self.files.root.resolve().name, "summary": summary or None,
-                                  "config": config, "files": found, "steps": len(self.files.metrics),
-                                  "episodes": len(self.files.train.rows), "eval_episodes": len(self.files.evals.rows),
-                                  "bad_rows": self.files.bad_rows()})
+                 if (files.root / n).is_file()]
+        return web.json_response({"name": files.root.resolve().name, "summary": summary or None,
+                                  "config": config, "files": found, "steps": len(files.metrics),
+                                  "episodes": len(files.train.rows), "eval_episodes": len(files.evals.rows),
+                                  "eval_scores": files.eval_scores(summary),
+                                  "bad_rows": files.bad_rows(),
+                                  "runs": self.names()})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        self.files.refresh()
+        files = self._files(request)
         since = _count(request.query, "since", 0)
-        return web.json_response({"total": len(self.files.metrics), "rows": self.files.metrics[since:]})
+        return web.json_response({"total": len(files.metrics), "rows": files.metrics[since:]})
 
     async def episodes(self, request: web.Request) -> web.Response:
-        self.files.refresh()
-        index = self.files.index(request.query.get("source", "train"))
+        files = self._files(request)
+        index = files.index(request.query.get("source", "train"))
         if index is None:
             raise web.HTTPNotFound(text="source must be train or eval")
         query, offset, limit = parse_query(request.query)
         return web.json_response({**page(index.rows, query, offset, limit), "bad_rows": index.bad_rows})
 
     async def episode(self, request: web.Request) -> web.Response:
-        self.files.refresh()  # spans of a file rewritten since (a resumed run) point at other bytes
-        index = self.files.index(request.query.get("source", "train"))
+        files = self._files(request)  # refreshed: spans of a file rewritten since (a resumed run) point at other bytes
+        index = files.index(request.query.get("source", "train"))
         i = _count(request.query, "i", -1)
         record = index.record(i) if index is not None else None
         if record is None:
             raise web.HTTPNotFound(text="no such episode")
         return web.json_response(with_tokens(record))
 
+    async def group(self, request: web.Request) -> web.Response:
+        files = self._files(request)
+        index = files.index(request.query.get("source", "train"))
+        i = _count(request.query, "i", -1)
+        got = group_view(index.rows, index.members, i, index.record) if index is not None else None
+        if got is None:
+            raise web.HTTPNotFound(text="no such episode")
+        got["episodes"] = [with_tokens(r) for r in got["episodes"]]
+        return web.json_response(got)
+
     async def compare(self, request: web.Request) -> web.Response:
-        self.files.refresh()
-        first, last = eval_ends(self.files)
+        files = self._files(request)
+        first, last = eval_ends(files)
         task = request.query.get("task")
         if task is None:
             in_last = {r["task_id"]: r for r in last}
@@ -199,5 +227,23 @@ class Viewer:
         i, j = pick(first), pick(last)
         if i is None or j is None:
             raise web.HTTPNotFound(text="task not in both the first and the last eval")
-        return web.json_response({"before": with_tokens(self.files.evals.record(i)),
-                                  "after": with_tokens(self.files.evals.record(j))})
+        return web.json_response({"before": with_tokens(files.evals.record(i)),
+                                  "after": with_tokens(files.evals.record(j))})
+
+    async def pair(self, request: web.Request) -> web.Response:
+        """Run against run: the config keys that differ, and the held-out tasks every run answered."""
+        for files in self.runs:
+            files.refresh()
+        return web.json_response({"names": self.names(),
+                                  "config_diff": config_diff([run_config(f) for f in self.runs]),
+                                  "tasks": shared_tasks(self.runs)})
+
+    async def pair_task(self, request: web.Request) -> web.Response:
+        """One held-out task as each run answered it at its first and its last eval."""
+        for files in self.runs:
+            files.refresh()
+        got = task_answers(self.runs, request.query.get("task", ""))
+        if got is None:
+            raise web.HTTPNotFound(text="task not answered by every run")
+        return web.json_response({"runs": [{k: None if r is None else with_tokens(r) for k, r in two.items()}
+                                           for two in got]})

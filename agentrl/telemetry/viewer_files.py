@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.telemetry.viewer_groups import advantage, mark
 from agentrl.utils.files import jsonl_line
 
 SEARCH_CHARS = 20_000  # the text of an episode kept for search (its task and messages)
@@ -129,6 +130,7 @@ def summarize(i: int, record: dict[str, Any]) -> dict[str, Any]:
             "turns": len(_list(record, "turns")), "tool_calls": int(_num(info.get("tool_calls")) or 0),
             "staleness": staleness(record), "tokens": len(_list(record, "tokens")),
             "generated": sum(_ints(record, "loss_mask")), "eval": _optional(record, "eval", str),
+            "dropped": _optional(record, "dropped", str), "advantage": advantage(record), "equal_rewards": False,
             "_text": (str(record.get("task_id", "")) + " " + text)[:SEARCH_CHARS].lower()}
 
 
@@ -140,6 +142,7 @@ class EpisodeIndex:
     rows: list[dict[str, Any]] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)
     rejected: int = 0  # JSON objects whose fields summarize refused, since the file's (re)start
+    members: dict[tuple, list[int]] = field(default_factory=dict)  # a group's key -> its rows (viewer_groups)
 
     @property
     def bad_rows(self) -> int:
@@ -148,7 +151,8 @@ class EpisodeIndex:
     def refresh(self) -> None:
         lines, reset = self.follower.poll()
         if reset:
-            self.rows, self.spans, self.rejected = [], [], 0
+            self.rows, self.spans, self.rejected, self.members = [], [], 0, {}
+        first = len(self.rows)
         for line in lines:
             try:
                 row = summarize(len(self.rows), line.value)
@@ -157,6 +161,7 @@ class EpisodeIndex:
                 continue
             self.rows.append(row)
             self.spans.append((line.start, line.length))
+        mark(self.rows, self.members, self.rows[first:])
 
     def record(self, i: int) -> dict[str, Any] | None:
         """The whole record of episode `i`, read from its line; None when the file no longer holds it
@@ -172,12 +177,16 @@ class EpisodeIndex:
 
 
 RANGES = ("reward", "turns", "tool_calls", "staleness", "step", "group")
+GROUP_KINDS = {"equal": lambda row: row["equal_rewards"], "dropped": lambda row: row["dropped"] is not None}
 
 
 def matches(row: dict[str, Any], query: dict[str, Any]) -> bool:
-    """Whether an episode passes the filters: `status` (a set), `<key>_min` / `<key>_max` for RANGES,
-    `q` (a lower-case substring of its task id or text)."""
+    """Whether an episode passes the filters: `status` (a set), `groups` (a GROUP_KINDS key: of a group with
+    equal rewards, of a group the dynamic filter dropped), `<key>_min` / `<key>_max` for RANGES, `q` (a
+    lower-case substring of its task id or text)."""
     if query.get("status") and row["status"] not in query["status"]:
+        return False
+    if query.get("groups") and not GROUP_KINDS[query["groups"]](row):
         return False
     for key in RANGES:
         value = row[key]
@@ -226,6 +235,18 @@ class RunFiles:
     def summary(self) -> dict[str, Any] | None:
         return self._json("summary.json")
 
+    def eval_scores(self, summary: dict[str, Any] | None) -> dict[str, float | None]:
+        """The held-out score before RL (the warm start's) and after it: summary.json's, else (a running
+        run) the mean reward of eval_episodes.jsonl's finished episodes of that label, as
+        agentrl.rollout.pool.score_episodes scores them; None where neither holds it."""
+        out: dict[str, float | None] = {}
+        for label in ("before", "after"):
+            score = ((summary or {}).get(f"eval_{label}") or {}).get("score")
+            done = [r["reward"] for r in self.evals.rows if r["eval"] == label and r["status"] in ("ok", "truncated")]
+            out[label] = _num(score) if _num(score) is not None else (
+                sum(x or 0.0 for x in done) / len(done) if done else None)
+        return out
+
     def config(self) -> dict[str, Any] | None:
         """The run's run_config.json (written when training starts, secrets masked), or None; a run of an
         older agentrl wrote it as config.json (a model's config.json has no "train" section)."""
@@ -246,3 +267,14 @@ class RunFiles:
 
     def index(self, source: str) -> EpisodeIndex | None:
         return {"train": self.train, "eval": self.evals}.get(source)
+
+
+def eval_ends(files: RunFiles) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The episodes of the first and of the last held-out eval the run recorded (by step, then label)."""
+    rows = files.evals.rows
+    order = {"before": 0, "during": 1, "after": 2}
+    keys = sorted({(r["step"] or 0, order.get(r["eval"], 1)) for r in rows})
+    if len(keys) < 2:
+        return [], []
+    at = lambda key: [r for r in rows if ((r["step"] or 0), order.get(r["eval"], 1)) == key]  # noqa: E731
+    return at(keys[0]), at(keys[-1])

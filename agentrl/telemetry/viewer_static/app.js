@@ -1,5 +1,5 @@
 // The run viewer's page (agentrl.telemetry.viewer): plain JS, no library, no request leaves the server it
-// came from. Views: #overview, #episodes, #episode/<source>/<i>, #compare[/<task id>].
+// came from. Views: #overview, #episodes, #episode/<source>/<i>, #group/<source>/<i> (group.js), #compare[/<task id>].
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -18,65 +18,10 @@ const api = async (path) => {
   return res.json();
 };
 
-const state = { metrics: [], run: null, page: 0, limit: 50, episodeQuery: "", colorBy: "mu", timing: {} };
+const state = { metrics: [], run: null, page: 0, limit: 50, episodeQuery: "", colorBy: "mu", groupColour: "advantage", runIndex: 0, runs: null, timing: {} };
 window.viewer = state;  // the browser test and bench read timings here
 
-// ---- overview: one small SVG chart per curve the run has -------------------------------------------
-const CURVES = [
-  ["reward_mean", "reward (trained batch)"], ["eval_score", "held-out eval score"], ["success_rate", "success rate"],
-  ["staleness_max", "staleness, max"], ["trained_staleness_max", "staleness trained, max"], ["policy/kl", "KL to reference"],
-  ["policy/mismatch_k1", "KL(mu || pi), k1"], ["policy/trust_masked_frac", "trust-masked share"],
-  ["push_pause_s", "push pause (s)"], ["rollout_tokens_per_s", "rollout tokens / s"], ["tools/call_success_rate", "tool-call success"],
-  ["tools/calls_per_turn", "tool calls / turn"], ["policy/entropy", "entropy"], ["policy/padding_ratio", "padding ratio (run / real tokens)"],
-  ["learner_step_s", "learner step (s)"],
-];
-
-function curveKeys(rows) {
-  const present = new Set();
-  for (const r of rows) for (const [k, v] of Object.entries(r)) if (typeof v === "number") present.add(k);
-  const keys = CURVES.filter(([k]) => present.has(k));
-  for (const k of present) if (/padding/.test(k) && !keys.some(([x]) => x === k)) keys.push([k, k]);
-  return keys;
-}
-
-function chart(key, label, rows) {
-  const pts = rows.filter((r) => typeof r[key] === "number" && typeof r.step === "number").map((r) => [r.step, r[key]]);
-  const W = 320, H = 140, L = 38, R = 6, T = 6, B = 16;
-  const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
-  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
-  if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
-  const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R), sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
-  const NS = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(NS, "svg");
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.setAttribute("data-key", key);
-  const add = (tag, attrs, text) => {
-    const n = document.createElementNS(NS, tag);
-    for (const [k, v] of Object.entries(attrs)) n.setAttribute(k, v);
-    if (text !== undefined) n.textContent = text;
-    svg.append(n);
-    return n;
-  };
-  add("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" });
-  add("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" });
-  add("text", { x: L - 4, y: T + 8, "text-anchor": "end", class: "lbl" }, fmt(y1, 2));
-  add("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "lbl" }, fmt(y0, 2));
-  add("text", { x: L, y: H - 3, class: "lbl" }, `step ${fmt(x0)}`);
-  add("text", { x: W - R, y: H - 3, "text-anchor": "end", class: "lbl" }, `${fmt(x1)}`);
-  add("polyline", { points: pts.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ") });
-  const r = pts.length > 60 ? 1.3 : 2.4;
-  for (const [x, y] of pts) add("circle", { cx: sx(x).toFixed(1), cy: sy(y).toFixed(1), r, class: "pt" }).append(
-    Object.assign(document.createElementNS(NS, "title"), { textContent: `step ${x}: ${fmt(y, 4)}` }));
-  const last = pts.length ? pts[pts.length - 1][1] : null;
-  return el("div", { cls: "chart" }, el("h3", {}, label, el("span", { text: `last ${fmt(last)} · ${pts.length} pts` })), svg);
-}
-
-function drawOverview() {
-  const box = $("#charts");
-  box.replaceChildren(...curveKeys(state.metrics).map(([k, label]) => chart(k, label, state.metrics)));
-  if (!state.metrics.length) box.append(el("p", { cls: "note", text: "no steps yet: metrics.jsonl is empty" }));
-}
+// ---- overview: curves.js draws the charts ----------------------------------------------------------
 
 async function pollMetrics() {
   const got = await api(`/api/metrics?since=${state.metrics.length}`);
@@ -105,15 +50,15 @@ async function loadEpisodes() {
   const params = filterQuery();
   params.set("offset", String(state.page * state.limit));
   params.set("limit", String(state.limit));
-  const got = await api(`/api/episodes?${params}`);
+  const got = await api(`/api/episodes?${params}${runParam()}`);
   drawStatuses(got.statuses);
   const source = params.get("source") || "train";
   const body = $("#episodes tbody");
   body.replaceChildren(...got.rows.map((r) => {
     const tr = el("tr", { "data-i": r.i },
-      el("td", { text: fmt(r.step) }), el("td", { text: r.task_id + (r.eval ? ` (${r.eval})` : "") }), el("td", { text: fmt(r.group) }),
+      el("td", { text: fmt(r.step) }), el("td", { text: r.task_id + (r.eval ? ` (${r.eval})` : "") }), groupCell(source, r),
       el("td", { text: r.status, cls: ["ok", "truncated"].includes(r.status) ? "status-ok" : "status-bad" }),
-      el("td", { text: fmt(r.reward) }), el("td", { text: fmt(r.turns) }), el("td", { text: fmt(r.tool_calls) }),
+      el("td", { text: fmt(r.reward) }), el("td", { text: fmt(r.advantage) }), el("td", { text: fmt(r.turns) }), el("td", { text: fmt(r.tool_calls) }),
       el("td", { text: fmt(r.staleness) }), el("td", { text: `${r.generated} / ${r.tokens}` }));
     tr.addEventListener("click", () => { location.hash = `#episode/${source}/${r.i}`; });
     return tr;
@@ -170,6 +115,7 @@ function colour(q, v, lo, hi) {
   if (v === null || v === undefined) return "";
   if (q === "masked") return v ? "hsl(220 80% 86%)" : "";
   if (q === "trust") return v ? "hsl(140 45% 88%)" : "hsl(0 80% 62%)";  // a masked-out token must stand out
+  if (q === "cause") return causeColour(v);  // causes.js
   const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;  // 0..1 across the episode's range
   if (q === "advantage" || q === "pimu") {
     // Diverging around 0, scaled by the episode's largest |value|; pi - mu at least 0.1 nats full scale, so
@@ -187,29 +133,63 @@ function tokenText(e, i) {
   return t === "" ? "∅" : t;
 }
 
-function ledger(e, q) {
-  const box = el("div", { cls: "ledger" });
-  const [, get] = QUANTITIES[q];
-  const values = e.tokens.map((_, i) => get(e, i));
+// the finite values of quantity q over episode e's tokens, and their range
+function tokenValues(e, q) {
+  const values = e.tokens.map((_, i) => QUANTITIES[q][1](e, i));
   const finite = values.filter((v) => typeof v === "number" && isFinite(v));
-  const lo = Math.min(...finite), hi = Math.max(...finite);
+  return { values, finite, lo: Math.min(...finite), hi: Math.max(...finite) };
+}
+
+const escapeHtml = (t) => t.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+
+// Episode e's ledger, token by token: the spans built as one string (an episode has thousands), then
+// coloured by quantity q (`paint`). Returns [legend, box]; the box keeps its episode and spans for a repaint.
+function ledger(e, q, scale = null) {
+  const box = el("div", { cls: "ledger" });
   const starts = new Map((e.turns || []).map((t, k) => [t.start, k]));
-  const frag = document.createDocumentFragment();
+  const parts = [];
   for (let i = 0; i < e.tokens.length; i++) {
-    if (starts.has(i)) frag.append(el("span", { cls: "turn", text: `turn ${starts.get(i) + 1}` }));
-    const span = el("span", { cls: e.loss_mask[i] ? "tk gen" : "tk ctx", "data-i": i, text: tokenText(e, i) });
-    const c = colour(q, values[i], lo, hi);
-    if (c) span.style.background = c;
-    frag.append(span);
+    if (starts.has(i)) parts.push(`<span class="turn">turn ${starts.get(i) + 1}</span>`);
+    parts.push(`<span class="tk ${e.loss_mask[i] ? "gen" : "ctx"}" data-i="${i}">${escapeHtml(tokenText(e, i))}</span>`);
   }
-  box.append(frag);
-  box.addEventListener("mouseover", (ev) => showTip(ev, e, q));
+  box.innerHTML = parts.join("");
+  box.episode = e;
+  box.spans = Array.from(box.getElementsByClassName("tk"));
+  box.legend = el("div", { cls: "legend" });
+  box.addEventListener("mouseover", (ev) => showTip(ev, e, box.dataset.q));
   box.addEventListener("mouseout", () => { $("#tip").hidden = true; });
-  const legend = el("div", { cls: "legend" }, el("span", { text: `colour: ${QUANTITIES[q][0]}` }),
-    el("span", { text: !finite.length ? "(not recorded for this episode)"
+  paint(box, q, scale);
+  return [box.legend, box];
+}
+
+// colours a ledger's tokens by quantity q and says so in its legend; scale: [lo, hi] shared by several
+// ledgers (a group's samples), else the episode's own range
+function paint(box, q, scale = null) {
+  const e = box.episode;
+  const { values, finite, lo: ownLo, hi: ownHi } = tokenValues(e, q);
+  const [lo, hi] = scale || [ownLo, ownHi];
+  box.dataset.q = q;
+  for (let i = 0; i < box.spans.length; i++) box.spans[i].style.background = colour(q, values[i], lo, hi);
+  box.legend.replaceChildren(el("span", { text: `colour: ${QUANTITIES[q][0]}` }),
+    finite.length && q === "cause" ? causeLegend(finite) : el("span", { text: !finite.length ? "(not recorded for this episode)"
       : q === "trust" ? `${finite.filter((v) => !v).length} of ${finite.length} trained tokens masked out`
-      : `from ${fmt(lo)} to ${fmt(hi)}` }));
-  return [legend, box];
+      : `from ${fmt(ownLo)} to ${fmt(ownHi)}` + (scale ? ` (colours: the group's ${fmt(lo)} to ${fmt(hi)})` : "") }));
+}
+
+// every ledger under `root` coloured by q again (shared: on one scale over all of them, as the group view's);
+// the layout read back too, so the time taken is what a user waits for (bench/viewer.py)
+function repaint(root, q, shared = false) {
+  const t0 = performance.now();
+  const boxes = [...root.querySelectorAll(".ledger")].filter((b) => b.episode);
+  let scale = null;
+  if (shared) {
+    const all = boxes.flatMap((b) => tokenValues(b.episode, q).finite);
+    scale = all.length ? [Math.min(...all), Math.max(...all)] : null;
+  }
+  for (const b of boxes) paint(b, q, scale);
+  void root.offsetHeight;
+  state.timing.colour_ms = performance.now() - t0;
+  document.body.dataset.episodeDrawn = String(Number(document.body.dataset.episodeDrawn || 0) + 1);
 }
 
 function showTip(ev, e, q) {
@@ -218,11 +198,12 @@ function showTip(ev, e, q) {
   if (!span) { tip.hidden = true; return; }
   const i = Number(span.dataset.i);
   const lines = [`#${i} ${JSON.stringify(tokenText(e, i))} id ${e.tokens[i]}`,
-    `${QUANTITIES[q][0]}: ${fmt(QUANTITIES[q][1](e, i), 4)}`];
+    `${QUANTITIES[q][0]}: ${q === "cause" ? causeWord(e, i) || "–" : fmt(QUANTITIES[q][1](e, i), 4)}`];
   if (e.loss_mask[i]) {
     lines.push(`μ ${fmt(e.logprobs[i], 4)}  version ${e.versions[i]}  staleness ${fmt(e.staleness[i])}`);
     if (e.advantages || e.learner_logprobs) lines.push(`advantage ${fmt(e.advantages ? e.advantages[i] : null, 4)}  learner π ${fmt(e.learner_logprobs ? e.learner_logprobs[i] : null, 4)}`);
     if (trustWord(e, i)) lines.push(`trust region: ${trustWord(e, i)}`);
+    if (causeWord(e, i)) lines.push(`why: ${causeWord(e, i)}`);
   } else lines.push("context (prompt, env or tool reply): not trained");
   tip.textContent = lines.join("\n");
   tip.dataset.i = String(i);
@@ -261,23 +242,29 @@ function episodeBody(e, q, wide) {
   return wide ? [meta, el("div", { cls: "pair" }, el("div", {}, ...left), el("div", {}, ...right))] : [meta, ...left, ...right];
 }
 
-function colourPicker(onChange) {
+// key: the state field the choice is kept in (the group view keeps its own, advantage first)
+function colourPicker(onChange, key = "colorBy") {
   const select = el("select", { id: "colour-by" }, ...Object.entries(QUANTITIES).map(([k, [label]]) => el("option", { value: k, text: label })));
-  select.value = state.colorBy;
-  select.addEventListener("change", () => { state.colorBy = select.value; onChange(); });
+  select.value = state[key];
+  select.addEventListener("change", () => { state[key] = select.value; onChange(); });
   return el("label", { cls: "legend" }, "colour tokens by ", select);
 }
 
 async function showEpisode(source, i) {
-  const e = await api(`/api/episode?source=${source}&i=${i}`);
+  const e = await api(`/api/episode?source=${source}&i=${i}${runParam()}`);
   const box = $("#episode");
-  const draw = () => box.replaceChildren(el("p", {}, el("a", { href: "#episodes", text: "← episodes" })), colourPicker(draw), ...episodeBody(e, state.colorBy, true));
-  draw();
+  const t0 = performance.now();
+  box.replaceChildren(el("p", {}, el("a", { href: "#episodes", text: "← episodes" }), " · ",
+    el("a", { href: `#group/${source}/${i}`, id: "to-group", text: "its group side by side →" })),
+  colourPicker(() => repaint(box, state.colorBy)), ...episodeBody(e, state.colorBy, true));
+  void box.offsetHeight;  // the layout too: what a user waits for (bench/viewer.py)
+  state.timing.colour_ms = performance.now() - t0;
+  document.body.dataset.episodeDrawn = String(Number(document.body.dataset.episodeDrawn || 0) + 1);
 }
 
 // ---- before / after: one held-out task at the first and the last eval --------------------------------
 async function showCompare(task) {
-  const got = await api("/api/compare");
+  const got = await api(`/api/compare?${runParam().slice(1)}`);
   $("#compare-note").textContent = got.tasks.length ? `${got.tasks.length} held-out tasks answered at both the first and the last eval (train.save_rollouts.eval); pick one.`
     : "this run recorded no two evals of the held-out tasks (train.save_rollouts.eval, with train.eval_before / eval_after)";
   $("#compare-list tbody").replaceChildren(...got.tasks.map((p) => {
@@ -288,22 +275,23 @@ async function showCompare(task) {
   }));
   const pair = $("#compare-pair");
   if (!task) { pair.replaceChildren(); return; }
-  const two = await api(`/api/compare?task=${encodeURIComponent(task)}`);
-  const draw = () => pair.replaceChildren(...["before", "after"].map((k) => el("div", {}, el("h2", { text: `${k === "before" ? "first" : "last"} eval (${two[k].eval}, step ${two[k].step})` }),
-    k === "before" ? colourPicker(draw) : el("div", { cls: "legend", text: " " }), ...episodeBody(two[k], state.colorBy))));
-  draw();
+  const two = await api(`/api/compare?task=${encodeURIComponent(task)}${runParam()}`);
+  pair.replaceChildren(...["before", "after"].map((k) => el("div", {}, el("h2", { text: `${k === "before" ? "first" : "last"} eval (${two[k].eval}, step ${two[k].step})` }),
+    k === "before" ? colourPicker(() => repaint(pair, state.colorBy)) : el("div", { cls: "legend", text: " " }), ...episodeBody(two[k], state.colorBy))));
   $("#compare-list").scrollIntoView();
 }
 
 // ---- routing and start ---------------------------------------------------------------------------
 async function route() {
   const [view, a, b] = (location.hash.slice(1) || "overview").split("/");
-  const name = { episode: "episode" }[view] || (["overview", "episodes", "compare"].includes(view) ? view : "overview");
+  const name = { episode: "episode", group: "group" }[view] || (["overview", "episodes", "compare", "runs"].includes(view) ? view : "overview");
   for (const s of document.querySelectorAll(".view")) s.classList.toggle("on", s.id === `view-${name}`);
-  for (const n of document.querySelectorAll("nav a")) n.classList.toggle("on", n.dataset.view === (name === "episode" ? "episodes" : name));
+  for (const n of document.querySelectorAll("nav a")) n.classList.toggle("on", n.dataset.view === (["episode", "group"].includes(name) ? "episodes" : name));
   if (name === "overview") drawOverview();
   else if (name === "episodes") await loadEpisodes();
   else if (name === "episode") await showEpisode(a, b);
+  else if (name === "group") await showGroup(a, b);
+  else if (name === "runs") await showRuns(a ? decodeURIComponent(a) : null);
   else await showCompare(a ? decodeURIComponent(a) : null);
   document.body.dataset.view = location.hash || "#overview";
 }
@@ -315,6 +303,7 @@ async function start() {
   $("#summary").textContent = state.run.summary ? JSON.stringify(state.run.summary, null, 2) : "no summary.json yet: the run is still going";
   $("#config").textContent = state.run.config ? JSON.stringify(state.run.config, null, 2) : "written to summary.json at the end of the run";
   await pollMetrics();
+  await loadOtherRuns();
   for (const input of document.querySelectorAll("#filters input[type=text], #filters input:not([type])")) input.addEventListener("input", onFilter);
   $("#filters").addEventListener("change", () => { clearTimeout(filterTimer); state.page = 0; loadEpisodes(); });
   $("#filters").addEventListener("submit", (ev) => ev.preventDefault());
@@ -326,10 +315,12 @@ async function start() {
   state.timing.start_ms = performance.now() - t0;
   document.body.dataset.ready = "1";
   setInterval(async () => {  // follow a running run: new steps redraw the curves
+    if (state.runs && state.runs.some((r) => r.finished === false)) await loadOtherRuns();
     if (state.run.summary) return;
     if ((await pollMetrics()) && document.body.dataset.view === "#overview") drawOverview();
     if (state.metrics.length && !state.run.summary) state.run = await api("/api/run");
   }, 3000);
 }
 
-start().catch((err) => { document.body.prepend(el("pre", { cls: "status-bad", text: String(err) })); });
+// after every script of the page (group.js) is read
+addEventListener("DOMContentLoaded", () => start().catch((err) => { document.body.prepend(el("pre", { cls: "status-bad", text: String(err) })); }));
