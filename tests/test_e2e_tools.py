@@ -21,19 +21,6 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def tool_server():
-    proc = subprocess.Popen([sys.executable, "-m", "rewards.servers.tools", "--port", "0"], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()  # "tool server listening on http://127.0.0.1:<port>"
-        assert line.startswith("tool server listening on http://127.0.0.1:"), line
-        yield line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-@pytest.fixture(scope="module")
 def calculator_model(tmp_path_factory) -> str:
     """A short warm start on mostly-correct calculator demonstrations, so the model emits tool calls."""
     from agentrl.config import DefaultModelConfig

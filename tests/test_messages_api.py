@@ -8,7 +8,6 @@ tests/test_e2e_tools.py trains examples/agents/anthropic_agent.yaml on a real vL
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from contextlib import asynccontextmanager
 
 import anthropic
@@ -16,14 +15,11 @@ import httpx
 import pytest
 
 from agentrl.data.chat import ChatFormat, ledger_from_messages
-from agentrl.config import RolloutConfig, ServerConfig
 from agentrl.env import AgentEnv
-from agentrl.rollout.agent_episode import make_server
-from agentrl.rollout.episode import EpisodeSpec
-from agentrl.rollout.pool import RolloutPool
 from agentrl.types import Episode, TrainBatch
 from tests.fake_engine import ScriptedEngine
-from tests.test_openai_ledger import CALL, QUESTION, SYSTEM, TOOLS, tool_session
+from tests.test_responses_api import play_agents
+from tests.test_openai_ledger import CALL, QUESTION, SYSTEM, TOOLS, assert_the_tool_session_ledger
 from tests.test_openai_ledger import served as openai_served
 
 TOOL = {"name": "calculator", "description": "Evaluate arithmetic.", "input_schema": TOOLS[0]["function"]["parameters"]}
@@ -89,14 +85,7 @@ def test_a_messages_tool_session_builds_the_chat_sessions_ledger(tiny_tokenizer,
     assert [o.stop_reason for o in outs[1:]] == ["end_turn", "end_turn"] and all(o.role == "assistant" for o in outs)
     assert outs[1].usage.input_tokens == len(ep.tokens[:ep.turns[1].start])
     assert outs[1].usage.output_tokens == ep.turns[1].n_generated
-    chat = asyncio.run(tool_session(tiny_tokenizer, stream))[0]
-    final = [SYSTEM, QUESTION, {"role": "assistant", "content": CALL},
-             {"role": "tool", "name": "calculator", "content": "38893"}, {"role": "assistant", "content": "38893"},
-             {"role": "user", "content": "Sure?"}, {"role": "assistant", "content": "Yes."}]
-    tokens, mask = ledger_from_messages(fmt, final, TOOLS)
-    assert ep.tokens == chat.tokens == tokens and ep.loss_mask == chat.loss_mask == mask
-    assert ep.logprobs == chat.logprobs and ep.info["tool_calls"] == 1
-    assert not ep.segments and stats["ledger/segments_split"] == 0
+    assert_the_tool_session_ledger(tiny_tokenizer, stream, ep, fmt, stats)
     if stream:  # the SDK's helper saw the whole event sequence of each message
         assert all(k[0] == "message_start" and k[-2:] == ["message_delta", "message_stop"] for k in kinds)
 
@@ -280,18 +269,7 @@ def test_an_anthropic_agent_trains_through_agentenv(tiny_tokenizer):
                             else CALL)
     tasks = [{"id": f"t{i}", "question": QUESTION["content"]} for i in range(3)]
 
-    async def play():
-        cfg = RolloutConfig(max_turns=4, max_tokens_per_turn=128, temperature=1.0)
-        spec = EpisodeSpec(ClaudeStyleAgent, {}, fmt, cfg, 1024)
-        spec = dataclasses.replace(spec, server=make_server(spec, engine, ServerConfig()))
-        await spec.server.start()
-        try:
-            pool = RolloutPool(engine, spec)
-            return await asyncio.gather(*(pool.episode(t, i, seed=i) for i, t in enumerate(tasks))), spec.server.stats()
-        finally:
-            await spec.server.stop()
-
-    episodes, stats = asyncio.run(play())
+    episodes, stats = asyncio.run(play_agents(engine, fmt, tasks, ClaudeStyleAgent))
     final = [SYSTEM, QUESTION, {"role": "assistant", "content": CALL},
              {"role": "tool", "name": "calculator", "content": "38893"}, {"role": "assistant", "content": "38893"}]
     tokens, mask = ledger_from_messages(fmt, final, TOOLS)

@@ -45,6 +45,19 @@ def client_for(url: str, key: str = "k") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
 
 
+def assert_the_tool_session_ledger(tokenizer, stream: bool, ep, fmt, stats) -> None:
+    """`ep` (a tool session held through another API) is exactly the chat-completions tool session's
+    ledger (`tool_session`), the template's rendering of the conversation, with no split."""
+    chat = asyncio.run(tool_session(tokenizer, stream))[0]
+    final = [SYSTEM, QUESTION, {"role": "assistant", "content": CALL},
+             {"role": "tool", "name": "calculator", "content": "38893"}, {"role": "assistant", "content": "38893"},
+             {"role": "user", "content": "Sure?"}, {"role": "assistant", "content": "Yes."}]
+    tokens, mask = ledger_from_messages(fmt, final, TOOLS)
+    assert ep.tokens == chat.tokens == tokens and ep.loss_mask == chat.loss_mask == mask
+    assert ep.logprobs == chat.logprobs and ep.info["tool_calls"] == 1
+    assert not ep.segments and stats["ledger/segments_split"] == 0
+
+
 async def tool_session(tokenizer, stream: bool):
     """A tool-calling agent loop: call, tool result, answer; then a user follow-up and a second answer."""
     async with served(tokenizer, [CALL, "38893", "Yes."]) as (srv, engine, fmt):

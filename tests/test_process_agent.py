@@ -9,8 +9,6 @@ import asyncio
 import dataclasses
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -172,19 +170,6 @@ def test_sandboxed_the_process_reaches_only_its_own_session(tiny_tokenizer, tmp_
 
 def n_messages(ep) -> int:
     return len(ep.messages)
-
-
-@pytest.fixture(scope="module")
-def tool_server():
-    proc = subprocess.Popen([sys.executable, "-m", "rewards.servers.tools", "--port", "0"], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()  # "tool server listening on http://127.0.0.1:<port>"
-        assert line.startswith("tool server listening on http://127.0.0.1:"), line
-        yield line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_the_example_program_plays_the_calculator_as_the_openai_agent_does(tiny_tokenizer, tool_server):

@@ -23,7 +23,8 @@ from agentrl.rollout.episode import EpisodeSpec
 from agentrl.rollout.pool import RolloutPool
 from agentrl.types import Episode, TrainBatch
 from tests.fake_engine import ScriptedEngine
-from tests.test_openai_ledger import CALL, QUESTION, SYSTEM, TOOLS, client_for, served, tool_session
+from tests.test_openai_ledger import (CALL, QUESTION, SYSTEM, TOOLS, assert_the_tool_session_ledger, client_for,
+                                      served)
 
 
 TOOL = {"type": "function", "name": "calculator", "description": "Evaluate arithmetic.",
@@ -68,14 +69,7 @@ def test_a_responses_tool_session_builds_the_chat_sessions_ledger(tiny_tokenizer
     assert [o.output_text for o in outs] == ["", "38893", "Yes."] and all(o.status == "completed" for o in outs)
     assert outs[1].usage.input_tokens == len(ep.tokens[:ep.turns[1].start])
     assert outs[1].usage.output_tokens == ep.turns[1].n_generated
-    chat = asyncio.run(tool_session(tiny_tokenizer, stream))[0]
-    final = [SYSTEM, QUESTION, {"role": "assistant", "content": CALL},
-             {"role": "tool", "name": "calculator", "content": "38893"}, {"role": "assistant", "content": "38893"},
-             {"role": "user", "content": "Sure?"}, {"role": "assistant", "content": "Yes."}]
-    tokens, mask = ledger_from_messages(fmt, final, TOOLS)
-    assert ep.tokens == chat.tokens == tokens and ep.loss_mask == chat.loss_mask == mask
-    assert ep.logprobs == chat.logprobs and ep.info["tool_calls"] == 1
-    assert not ep.segments and stats["ledger/segments_split"] == 0
+    assert_the_tool_session_ledger(tiny_tokenizer, stream, ep, fmt, stats)
 
 
 def test_streamed_events_are_numbered_and_carry_the_text_and_the_call(tiny_tokenizer):
@@ -193,10 +187,10 @@ class SdkAgent(AgentEnv):
         return {"reward": float("38893" in result.final_output), "success": called}
 
 
-async def play_agents(engine, fmt, tasks):
-    """tests/test_agent_env.py's `play`, with room in a turn for a whole tool call."""
+async def play_agents(engine, fmt, tasks, agent_cls=None):
+    """tests/test_agent_env.py's `play`, with room in a turn for a whole tool call (`agent_cls`: SdkAgent)."""
     cfg = RolloutConfig(max_turns=4, max_tokens_per_turn=128, temperature=1.0)
-    spec = EpisodeSpec(SdkAgent, {}, fmt, cfg, 1024)
+    spec = EpisodeSpec(agent_cls or SdkAgent, {}, fmt, cfg, 1024)
     spec = dataclasses.replace(spec, server=make_server(spec, engine, ServerConfig()))
     await spec.server.start()
     try:
