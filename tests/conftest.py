@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -113,16 +111,3 @@ def smollm2_dir() -> str:
 
     return str(prepare("smollm2-135m-instruct"))
 
-
-@pytest.fixture(scope="module")
-def tool_server():
-    """The reference tool server (rewards.servers.tools) on a free loopback port: its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "rewards.servers.tools", "--port", "0"],
-                            cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()  # "tool server listening on http://127.0.0.1:<port>"
-        assert line.startswith("tool server listening on http://127.0.0.1:"), line
-        yield line.split()[-1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

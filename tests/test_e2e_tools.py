@@ -21,6 +21,20 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
+def tool_server():
+    """The reference tool server (rewards.servers.tools) on a free loopback port: its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "rewards.servers.tools", "--port", "0"],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # "tool server listening on http://127.0.0.1:<port>"
+        assert line.startswith("tool server listening on http://127.0.0.1:"), line
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
 def calculator_model(tmp_path_factory) -> str:
     """A short warm start on mostly-correct calculator demonstrations, so the model emits tool calls."""
     from agentrl.config import DefaultModelConfig
@@ -85,15 +99,15 @@ def ledger_around_turns(fmt, ep: dict) -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("example", ["openai_agent", "anthropic_agent"])
-def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_model, example):
+@pytest.mark.parametrize("config", ["examples/agents/openai_agent.yaml", "examples/agents/anthropic_agent.yaml"])
+def test_openai_agent_trains_through_agentenv(tmp_path, tool_server, calculator_model, config):
     """examples/agents/openai_agent.py: the same task as plain `openai` code, through the run's endpoint;
     examples/agents/anthropic_agent.py: the same again on the `anthropic` client (/v1/messages), whose
     conversation renders to the same ledger."""
     from agentrl.data.chat import ChatFormat, load_tokenizer
 
     out = tmp_path / "run"
-    train(f"examples/agents/{example}.yaml", out, calculator_model, f"env.kwargs.tool_url={tool_server}", "train.steps=2",
+    train(config, out, calculator_model, f"env.kwargs.tool_url={tool_server}", "train.steps=2",
           "train.save_rollouts=true")
     summary = json.loads((out / "summary.json").read_text())
     for key in ("eval_before", "eval_after"):

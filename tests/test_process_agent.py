@@ -22,6 +22,7 @@ from agentrl.rollout.pool import RolloutPool
 from agentrl.rollout.process_agent import ProcessAgentEnv
 from agentrl.rollout.process_agent.workdir import episodes_root
 from tests.fake_engine import ScriptedEngine
+from tests.test_e2e_tools import tool_server  # noqa: F401 (the reference tool server, a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENT = str(ROOT / "tests" / "fixtures" / "process_agents" / "agent.py")
@@ -172,13 +173,14 @@ def n_messages(ep) -> int:
     return len(ep.messages)
 
 
-def test_the_example_program_plays_the_calculator_as_the_openai_agent_does(tiny_tokenizer, tool_server):
+def test_the_example_program_plays_the_calculator_as_the_openai_agent_does(tiny_tokenizer, request):
     """examples/agents/process_calculator.py with a scripted model: a tool call, then the answer. The
     conversation in the ledger is CalculatorEnv's (compact tools line, result as the tool message), in
     one segment: each request re-sent the reply as returned."""
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 + 30"}}</tool_call>'
+    tools_url = request.getfixturevalue("tool_server")  # tests/test_e2e_tools.py's, imported above
     kwargs = {"command": ["{python}", "-I", "{run_cwd}/examples/agents/process_calculator.py", "3"],
-              "env": {"CALCULATOR_TOOL_URL": tool_server}}
+              "env": {"CALCULATOR_TOOL_URL": tools_url}}
     task = {"id": "c0", "a": 12, "op": "+", "b": 30, "answer": 42}
     ep = one(tiny_tokenizer, kwargs, task, script=[call, "42"])
     assert (ep.status, ep.reward, ep.success) == ("ok", 1.0, True), (ep.error, ep.messages)

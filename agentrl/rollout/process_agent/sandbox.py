@@ -2,8 +2,8 @@
 
 Inside: fresh user, pid, network, ipc and uts namespaces (`--unshare-all`): no network but a loopback
 of its own; a read-only view of the host's root, a fresh /tmp, a fresh /proc of its own processes, the
-host's HOME hidden under an empty tmpfs (but for the trainer's own Python, when it lives there: a
-program installed under HOME is not visible, install it elsewhere), and the episode's working directory the one writable host
+host's HOME hidden under an empty tmpfs (but for the trainer's own Python and the folder the run started
+in, read-only, when they live there or in /tmp: another program installed under HOME is not visible, install it elsewhere), and the episode's working directory the one writable host
 folder (HOME points there). Its first process is sandbox_forward.py, listening on 127.0.0.1:PORT and
 piping each connection to a unix socket bound in from the host; `OPENAI_BASE_URL` and
 `ANTHROPIC_BASE_URL` name that port.
@@ -50,13 +50,15 @@ def sandbox_argv(argv: list[str], episode: Path, socket_path: Path, home: str | 
     is the only writable host folder, bound at its own path."""
     args = [bwrap_path(), "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
             "--proc", "/proc", "--tmpfs", "/tmp"]
+    hidden = [Path("/tmp")]
     if home and Path(home).resolve() not in (Path("/"), episode) and Path(home).is_dir():
-        hidden = Path(home).resolve()
-        args += ["--tmpfs", str(hidden)]
-        # ... but the trainer's interpreter stays visible where it lives there (pyenv, a venv in HOME)
-        for folder in sorted({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix)}):
-            if Path(folder).is_relative_to(hidden) and Path(folder) != hidden:
-                args += ["--ro-bind", folder, folder]
+        hidden.append(Path(home).resolve())
+        args += ["--tmpfs", str(hidden[-1])]
+    # ... but the trainer's interpreter (pyenv, a venv) and the folder the run started in (the program's
+    # files, `{run_cwd}`) stay visible, read-only, where they live under a hidden folder (a clone in /tmp)
+    for folder in sorted({Path(p).resolve() for p in (sys.prefix, sys.base_prefix, os.getcwd())}):
+        if any(folder.is_relative_to(h) and folder != h for h in hidden):
+            args += ["--ro-bind", str(folder), str(folder)]
     args += ["--bind", str(episode), str(episode), "--chdir", str(episode / "work")]
     return [*args, sys.executable, "-I", "-S", str(FORWARDER), str(PORT), str(socket_path), "--", *argv]
 
