@@ -59,11 +59,12 @@ def request(api: str, url: str, messages: list[dict[str, Any]]) -> tuple[str, di
                                "max_tokens": 16}
 
 
-def answer(api: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The assistant message as the client sends it back."""
+def answer(api: str, body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The assistant message as the client sends it back, and its text."""
     if api == "chat":
-        return body["choices"][0]["message"]
-    return {"role": "assistant", "content": body["content"], "text": body["content"][0]["text"]}
+        message = body["choices"][0]["message"]
+        return message, message.get("content")
+    return {"role": "assistant", "content": body["content"]}, body["content"][0]["text"]
 
 
 async def converse(http, url: str, i: int, turns: int, seed: int, out: dict[str, Any], api: str) -> None:
@@ -84,8 +85,8 @@ async def converse(http, url: str, i: int, turns: int, seed: int, out: dict[str,
             out["first_error"] = out["first_error"] or f"{resp.status}: {body[:300]}"
             return
         out["answered"] += 1
-        message = answer(api, body)
-        out["wrong_reply"] += message.pop("text", message.get("content")) != reply_text(i, t)
+        message, text = answer(api, body)
+        out["wrong_reply"] += text != reply_text(i, t)
         messages += [message, {"role": "user", "content": user_text(i, t + 1, seed)}]
 
 

@@ -75,6 +75,7 @@ class OpenAIServer:
         self._runner: web.AppRunner | None = None
         self._sweeper: asyncio.Task | None = None
         self._client: Any = None  # the openai.AsyncOpenAI AgentEnv episodes share (`client`)
+        self._key = cfg.api_key.get_secret_value() if cfg.api_key else None  # requests must carry it; agents' clients do
         self._anthropic: Any = None  # the anthropic.AsyncAnthropic they share (`anthropic_client`)
         self.port = cfg.port
         self.app = self._app()
@@ -133,8 +134,7 @@ class OpenAIServer:
         import openai
 
         if self._client is None:
-            key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None) or "agentrl"
-            self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0)
+            self._client = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self._key or "agentrl", max_retries=0)
         return self._client.with_options(base_url=base_url, timeout=timeout_s)
 
     def anthropic_client(self, base_url: str, timeout_s: float) -> Any:
@@ -143,8 +143,7 @@ class OpenAIServer:
         import anthropic
 
         if self._anthropic is None:
-            key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None) or "agentrl"
-            self._anthropic = anthropic.AsyncAnthropic(base_url=self.url, api_key=key, max_retries=0)
+            self._anthropic = anthropic.AsyncAnthropic(base_url=self.url, api_key=self._key or "agentrl", max_retries=0)
         return self._anthropic.with_options(base_url=base_url.removesuffix("/v1"), timeout=timeout_s)
 
     # -- sessions ------------------------------------------------------------------------------------
@@ -181,7 +180,7 @@ class OpenAIServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        key = (self.cfg.api_key.get_secret_value() if self.cfg.api_key else None)
+        key = self._key
         if key is not None and not authorized(request, key):
             self.counters["unauthorized"] += 1
             why = "missing or wrong API key (Authorization: Bearer <api key>, or x-api-key: <api key>)"
